@@ -1,0 +1,482 @@
+"""The command line: thin typer commands that parse, delegate and exit with the contract's code.
+
+This is the only place that catches BatchrunError: one clear line on stderr, no traceback
+unless -v. Exit codes: 0 done, 3 some users queued for retry, 1 fatal, 2 usage,
+130 stopped by a signal (the rest left pending for the next run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+from rich.text import Text
+
+from batchrun import engine
+from batchrun.db import Store, connect
+from batchrun.errors import BatchrunError, UsageError
+from batchrun.jobs.birthday import BirthdayJob, Options
+from batchrun.jobs.month import Month, parse_month
+from batchrun.mail.base import Mailer
+from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.queue.base import RetryQueue
+from batchrun.queue.base import from_url as queue_from_url
+from batchrun.settings import Settings
+from batchrun.urls import mask_text
+
+T = TypeVar("T")
+log = logging.getLogger("batchrun")
+
+app = typer.Typer(
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    add_completion=False,
+    help="Run per-user batch jobs against your own database: exactly once, resumable, fast.",
+)
+db_app = typer.Typer(
+    no_args_is_help=True, help="Create the schema, add demo users, show the page query's plan."
+)
+app.add_typer(db_app, name="db")
+
+stdout = Console()
+stderr = Console(stderr=True)
+
+
+@dataclass
+class Context:
+    settings: Settings
+    verbose: int
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    db: Annotated[
+        str | None,
+        typer.Option("--db", envvar="BATCHRUN_DB", show_default="sqlite:///batchrun.db",
+                     help="mysql://user:pass@host:port/db or sqlite:///path"),
+    ] = None,
+    mail: Annotated[
+        str | None,
+        typer.Option("--mail", envvar="BATCHRUN_MAIL", show_default="file://outbox",
+                     help="smtp://host:port (smtps://, ?starttls=1), file://DIR, console://, "
+                          "discard://"),
+    ] = None,
+    retry_queue: Annotated[
+        str | None,
+        typer.Option("--retry-queue", envvar="BATCHRUN_RETRY_QUEUE",
+                     show_default="a queue table in the --db database",
+                     help="Where failed users wait for `batchrun retry`."),
+    ] = None,
+    sender: Annotated[
+        str | None,
+        typer.Option("--from", envvar="BATCHRUN_FROM", show_default="birthday@localhost",
+                     help="Sender address."),
+    ] = None,
+    verbose: Annotated[
+        int, typer.Option("--verbose", "-v", count=True, help="More logging; tracebacks.")
+    ] = 0,
+) -> None:
+    """batchrun: the monthly birthday gift card, and more per-user jobs to come."""
+    try:
+        settings = Settings.from_env().with_overrides(
+            db_url=db, mail_url=mail, retry_queue_url=retry_queue, sender=sender
+        )
+    except BatchrunError as exc:
+        stderr.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(exc.exit_code) from None
+    ctx.obj = Context(settings, verbose)
+    _setup_logging(verbose)
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    root = logging.getLogger()
+    if not any(isinstance(h, RichHandler) for h in root.handlers):
+        root.addHandler(RichHandler(console=stderr, show_path=False, markup=False))
+    root.setLevel(level)
+
+
+def _month(value: str | None) -> Month:
+    if value is None:
+        return Month.current()
+    try:
+        return parse_month(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--month") from None
+
+
+def _run(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]) -> None:
+    """Run a command's coroutine; turn a BatchrunError into one line and its exit code."""
+    context: Context = ctx.obj
+    try:
+        code = asyncio.run(make())
+    except BatchrunError as exc:
+        if context.verbose:
+            stderr.print_exception()
+        settings = context.settings
+        text = mask_text(str(exc), settings.db_url, settings.mail_url, settings.retry_queue_url)
+        stderr.print(f"[red]error:[/] {text}", highlight=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        stderr.print("[red]aborted[/]")
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)
+
+
+@contextlib.asynccontextmanager
+async def _backends(
+    settings: Settings, *, mail: bool = False, queue: bool = False, pool_size: int = 4,
+    create: bool = False, migrated: bool = True, mail_pool: int = 4,
+) -> AsyncIterator[tuple[Store, Mailer | None, RetryQueue | None]]:
+    # Build every backend from its URL before touching the network, so a bad scheme is a
+    # usage error that leaves nothing half-open.
+    database = await connect(settings.db_url, pool_size=pool_size, create=create)
+    mailer: Mailer | None = None
+    retry_queue: RetryQueue | None = None
+    try:
+        store = Store(database)
+        if migrated:
+            await store.check_migrated()
+        if queue:
+            retry_queue = queue_from_url(settings.retry_queue_url, db=database,
+                                         max_receives=settings.max_receives)
+        if mail:
+            mailer = mailer_from_url(settings.mail_url, timeout=settings.mail_timeout_s,
+                                     pool_size=mail_pool)
+        yield store, mailer, retry_queue
+    finally:
+        if mailer is not None:
+            await mailer.close()
+        if retry_queue is not None:
+            await retry_queue.close()
+        await database.close()
+
+
+def _check_urls(settings: Settings, *, mail: bool, queue: bool) -> None:
+    """Reject unknown schemes before connecting to anything (exit 2)."""
+    from batchrun.urls import scheme_of
+
+    if scheme_of(settings.db_url) not in ("mysql", "mariadb", "mysql+aiomysql", "sqlite"):
+        raise UsageError(
+            f"unknown --db URL scheme {scheme_of(settings.db_url) or '(none)'!r}: use "
+            "mysql://user:pass@host:port/db or sqlite:///path"
+        )
+    if mail:
+        known = ("smtp", "smtps", "file", "console", "discard", "ses")
+        if scheme_of(settings.mail_url) not in known:
+            raise UsageError(
+                f"unknown --mail URL scheme {scheme_of(settings.mail_url) or '(none)'!r}: "
+                f"use one of {', '.join(s + '://' for s in known)}"
+            )
+
+
+# -- db ------------------------------------------------------------------------------------
+
+
+@db_app.command("migrate")
+def db_migrate(ctx: typer.Context) -> None:
+    """Create or upgrade the schema; idempotent, and never drops application data."""
+    settings: Settings = ctx.obj.settings
+
+    async def go() -> int:
+        _check_urls(settings, mail=False, queue=False)
+        async with _backends(settings, create=True, migrated=False) as (store, _, _):
+            applied = await store.migrate()
+        if applied:
+            stderr.print(f"migrated {store.db.url}: {', '.join(applied)}", highlight=False)
+        else:
+            stderr.print(f"{store.db.url} is up to date", highlight=False)
+        return 0
+
+    _run(ctx, go)
+
+
+@db_app.command("seed")
+def db_seed(
+    ctx: typer.Context,
+    users: Annotated[int, typer.Option("--users", min=1, help="How many demo users to add.")],
+    seed: Annotated[int, typer.Option("--seed", help="Random seed: same seed, same users.")] = 1,
+    force: Annotated[
+        bool, typer.Option("--force", help="Add users even if the user table is not empty.")
+    ] = False,
+) -> None:
+    """Add deterministic demo users (a few inactive, without or with invalid addresses)."""
+    settings: Settings = ctx.obj.settings
+
+    async def go() -> int:
+        _check_urls(settings, mail=False, queue=False)
+        async with _backends(settings) as (store, _, _):
+            count = await store.seed_users(users, seed=seed, force=force)
+        stderr.print(f"added {count} users to {store.db.url}", highlight=False)
+        return 0
+
+    _run(ctx, go)
+
+
+@db_app.command("explain")
+def db_explain(
+    ctx: typer.Context,
+    month: Annotated[str | None, typer.Option("--month", help="YYYY-MM")] = None,
+) -> None:
+    """Show the page query's plan, to check it uses idx_user_birth_month_status_id."""
+    settings: Settings = ctx.obj.settings
+    which = _month(month)
+
+    async def go() -> int:
+        _check_urls(settings, mail=False, queue=False)
+        async with _backends(settings) as (store, _, _):
+            rows = await store.explain(year=which.year, month=which.month)
+        for row in rows:
+            stdout.print(" | ".join("" if v is None else str(v) for v in row), highlight=False)
+        return 0
+
+    _run(ctx, go)
+
+
+# -- birthday ------------------------------------------------------------------------------
+
+
+@app.command("birthday")
+def birthday(
+    ctx: typer.Context,
+    month: Annotated[
+        str | None, typer.Option("--month", help="YYYY-MM; default: the current month (UTC).")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would happen; write and send nothing.")
+    ] = False,
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", min=1, help="Users worked on at once.")
+    ] = 20,
+    rate: Annotated[
+        float | None,
+        typer.Option("--rate", min=0.001, help="Most emails sent per second (default: no cap)."),
+    ] = None,
+    page_size: Annotated[
+        int, typer.Option("--page-size", min=1, max=5000, help="Users read per page.")
+    ] = 500,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Stop after this many users.")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON summary on stdout.")
+    ] = False,
+) -> None:
+    """Give every active user born in MONTH one gift card for the year and one birthday email.
+
+    Running the same month again does nothing new. Exit 0 when every user is done, 3 when
+    some failed and wait in the retry queue (run `batchrun retry`).
+    """
+    settings: Settings = ctx.obj.settings
+    which = _month(month)
+
+    async def go() -> int:
+        _check_urls(settings, mail=not dry_run, queue=not dry_run)
+        stop = engine.StopToken()
+        uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
+        try:
+            async with _backends(
+                settings, mail=not dry_run, queue=not dry_run, mail_pool=concurrency
+            ) as (store, mailer, queue):
+                job = BirthdayJob(store, mailer, queue, settings, stop=stop)
+                options = Options(concurrency=concurrency, rate=rate, page_size=page_size,
+                                  limit=limit)
+                with _progress(as_json, f"birthday {which}") as bar:
+                    if bar is not None:
+                        counts = await store.status(year=which.year, month=which.month,
+                                                    problems=0)
+                        total = counts.pending if limit is None else min(limit, counts.pending)
+                        bar.set_total(total)
+                        options.on_progress = bar.advance
+                    summary = await job.run(which, options, dry_run=dry_run)
+        finally:
+            uninstall()
+        if as_json:
+            print(json.dumps(summary.to_json()))
+        else:
+            _table(f"birthday {which}" + (" (dry run)" if dry_run else ""), summary.to_json())
+            if summary.exit_code == 3:
+                stderr.print("some users wait in the retry queue: run `batchrun retry` later")
+        if stop.stopping and summary.stopped and not summary.stopped.startswith("mail"):
+            stderr.print(f"stopped ({summary.stopped}); {summary.left_pending} users left "
+                         "pending for the next run", highlight=False)
+            return 130
+        return summary.exit_code
+
+    _run(ctx, go)
+
+
+# -- retry ---------------------------------------------------------------------------------
+
+
+@app.command("retry")
+def retry(
+    ctx: typer.Context,
+    max_messages: Annotated[
+        int, typer.Option("--max", min=1, help="Most queue messages to process.")
+    ] = 10_000,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 20,
+    rate: Annotated[float | None, typer.Option("--rate", min=0.001)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON summary.")] = False,
+) -> None:
+    """Drain the retry queue once: redo each failed user, delete what succeeds.
+
+    What fails again comes back later (exponential backoff); after the last attempt it is
+    dead-lettered and listed by `batchrun status`.
+    """
+    settings: Settings = ctx.obj.settings
+
+    async def go() -> int:
+        _check_urls(settings, mail=True, queue=True)
+        stop = engine.StopToken()
+        uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
+        try:
+            async with _backends(settings, mail=True, queue=True, mail_pool=concurrency) as (
+                store, mailer, queue,
+            ):
+                job = BirthdayJob(store, mailer, queue, settings, stop=stop)
+                result = await job.retry(Options(concurrency=concurrency, rate=rate),
+                                         max_messages=max_messages)
+        finally:
+            uninstall()
+        if as_json:
+            print(json.dumps(result.to_json()))
+        else:
+            _table("retry", result.to_json())
+        return result.exit_code
+
+    _run(ctx, go)
+
+
+# -- status --------------------------------------------------------------------------------
+
+
+@app.command("status")
+def status(
+    ctx: typer.Context,
+    month: Annotated[str | None, typer.Option("--month", help="YYYY-MM; default: now.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Cards, emails sent, pending, skipped and failed users, queue and dead-letter depths."""
+    settings: Settings = ctx.obj.settings
+    which = _month(month)
+
+    async def go() -> int:
+        _check_urls(settings, mail=False, queue=True)
+        async with _backends(settings, queue=True) as (store, _, queue):
+            assert queue is not None
+            counts = await store.status(year=which.year, month=which.month)
+            depth, dead = await queue.depths()
+        data: dict[str, Any] = {
+            "month": str(which),
+            "cards": counts.cards,
+            "emails_sent": counts.emails_sent,
+            "pending": counts.pending,
+            "skipped": counts.skipped,
+            "retrying": counts.retrying,
+            "failed_permanent": counts.failed_permanent,
+            "retry_queue_depth": depth,
+            "dead_letter_depth": dead,
+            "problems": [
+                {"user_id": uid, "state": _STATE_NAMES.get(state, str(state)),
+                 "attempts": attempts, "reason": reason}
+                for uid, state, attempts, reason in counts.problems
+            ],
+        }
+        if as_json:
+            print(json.dumps(data))
+            return 0
+        _table(f"status {which}", {k: v for k, v in data.items() if k != "problems"})
+        if counts.problems:
+            table = Table("user", "state", "attempts", "reason", title="users not sent")
+            for p in data["problems"]:
+                table.add_row(str(p["user_id"]), p["state"], str(p["attempts"]),
+                              p["reason"] or "")
+            stdout.print(table)
+        return 0
+
+    _run(ctx, go)
+
+
+_STATE_NAMES = {0: "pending", 1: "sent", 2: "skipped", 3: "retrying", 4: "failed"}
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+class _RateColumn(ProgressColumn):
+    """Users per second."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.speed
+        return Text("" if speed is None else f"{speed:,.0f} users/s", style="cyan")
+
+
+class _Bar:
+    def __init__(self, progress: Progress, task_id: Any) -> None:
+        self._progress = progress
+        self._task = task_id
+
+    def set_total(self, total: int) -> None:
+        self._progress.update(self._task, total=total)
+
+    def advance(self, event: engine.Progress) -> None:
+        if event.kind != "total":
+            self._progress.advance(self._task, event.count)
+
+
+@contextlib.contextmanager
+def _progress(quiet: bool, title: str) -> Any:
+    """A progress bar on stderr when it is a terminal; None otherwise."""
+    if quiet or not stderr.is_terminal:
+        yield None
+        return
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TaskProgressColumn(), _RateColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=stderr, transient=True,
+    )
+    with progress:
+        yield _Bar(progress, progress.add_task(title, total=None))
+
+
+def _table(title: str, data: dict[str, Any]) -> None:
+    table = Table(title=title, show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("", justify="right")
+    for key, value in data.items():
+        if key in ("job", "month", "dry_run") or value is None:
+            continue
+        table.add_row(key.replace("_", " "), str(value))
+    stdout.print(table)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="batchrun")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

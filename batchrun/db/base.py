@@ -1,0 +1,79 @@
+"""The Database adapter every dialect implements, and its choice by URL."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from batchrun.db.sql import Queries, Statement, load
+from batchrun.errors import ConfigError
+from batchrun.urls import mask_url, scheme_of
+
+Row = tuple[Any, ...]
+_GUARDS = {"column": "has_column", "index": "has_index", "unique": "has_unique"}
+
+
+class Database(ABC):
+    """Runs named queries; each call is one atomic statement in autocommit mode."""
+
+    dialect: str
+    url: str  # masked: safe to print
+
+    def __init__(self, queries: Queries) -> None:
+        self.queries = queries
+
+    @abstractmethod
+    async def execute(self, name: str, **params: Any) -> int:
+        """Run a statement; return the rows it changed."""
+
+    @abstractmethod
+    async def fetchall(self, name: str, **params: Any) -> list[Row]:
+        """Run a query; return all its rows."""
+
+    async def fetchone(self, name: str, **params: Any) -> Row | None:
+        """Run a query; return its first row, or None."""
+        rows = await self.fetchall(name, **params)
+        return rows[0] if rows else None
+
+    async def fetchval(self, name: str, **params: Any) -> Any:
+        """Run a query; return the first column of its first row, or None."""
+        row = await self.fetchone(name, **params)
+        return row[0] if row else None
+
+    @abstractmethod
+    async def fetch_sql(self, sql: str, args: tuple[Any, ...]) -> list[Row]:
+        """Run an already-compiled query (EXPLAIN of a named one)."""
+
+    @abstractmethod
+    async def run_step(self, statement: Statement) -> None:
+        """Run one migration step (DDL)."""
+
+    async def guard_holds(self, guard: str) -> bool:
+        """Whether a ``-- unless:`` guard (``column T.C``, ``index T.I``, ``unique T.C``) holds."""
+        kind, _, target = guard.partition(" ")
+        table, _, item = target.strip().partition(".")
+        query = _GUARDS.get(kind)
+        if query is None:
+            raise ValueError(f"unknown migration guard {guard!r}")
+        return bool(await self.fetchval(query, table=table, item=item))
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Close every connection."""
+
+
+async def connect(url: str, *, pool_size: int = 4, create: bool = False) -> Database:
+    """Open the database at ``url``; ``create`` allows creating a missing SQLite file."""
+    scheme = scheme_of(url)
+    if scheme in ("mysql", "mariadb", "mysql+aiomysql"):
+        from batchrun.db.mysql import MySQLDatabase
+
+        return await MySQLDatabase.open(url, load("mysql"), pool_size=pool_size)
+    if scheme == "sqlite":
+        from batchrun.db.sqlite import SQLiteDatabase
+
+        return await SQLiteDatabase.open(url, load("sqlite"), create=create)
+    raise ConfigError(
+        f"unknown database URL scheme {scheme or '(none)'!r} in {mask_url(url)!r}: "
+        "use mysql://user:pass@host:port/db or sqlite:///path"
+    )

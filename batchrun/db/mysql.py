@@ -1,0 +1,127 @@
+"""MySQL/MariaDB adapter over an aiomysql pool (one connection per concurrent statement)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+import aiomysql
+import pymysql
+
+from batchrun.db.base import Database, Row
+from batchrun.db.sql import Queries, Statement
+from batchrun.errors import ConfigError, DatabaseError, NotMigratedError
+from batchrun.urls import mask_text, mask_url, split
+
+log = logging.getLogger(__name__)
+
+_NO_TABLE = 1146
+_LOST = {2006, 2013, 2055}  # server gone away, lost connection: retried once on a fresh one
+_CONNECT = {2002, 2003, 1045, 1049, 2005}
+
+
+class MySQLDatabase(Database):
+    """A pool of autocommit connections; never shares one connection between tasks."""
+
+    dialect = "mysql"
+
+    def __init__(self, url: str, queries: Queries, pool: aiomysql.Pool) -> None:
+        super().__init__(queries)
+        self._raw_url = url
+        self.url = mask_url(url)
+        self._pool = pool
+
+    @classmethod
+    async def open(cls, url: str, queries: Queries, *, pool_size: int = 4) -> MySQLDatabase:
+        """Connect a pool of up to ``pool_size`` connections to ``url``."""
+        parts = split(url)
+        database = parts.path.lstrip("/")
+        if not database:
+            raise ConfigError(f"database URL {mask_url(url)!r} names no database")
+        try:
+            port = parts.port or 3306
+        except ValueError:
+            raise ConfigError(f"database URL {mask_url(url)!r} has a bad port") from None
+        options = parse_qs(parts.query)
+        try:
+            pool = await aiomysql.create_pool(
+                host=parts.hostname or "127.0.0.1",
+                port=port,
+                user=unquote(parts.username or "root"),
+                password=unquote(parts.password or ""),
+                db=unquote(database),
+                autocommit=True,
+                charset="utf8mb4",
+                minsize=1,
+                maxsize=max(1, pool_size),
+                connect_timeout=float(options.get("connect_timeout", ["10"])[0]),
+                pool_recycle=3600,
+            )
+        except (pymysql.err.MySQLError, OSError) as exc:
+            raise DatabaseError(
+                f"cannot connect to {mask_url(url)}: {mask_text(_describe(exc), url)}"
+            ) from exc
+        return cls(url, queries, pool)
+
+    async def _run(self, sql: str, args: tuple[Any, ...], *, fetch: bool) -> tuple[int, list[Row]]:
+        for attempt in (1, 2):
+            try:
+                async with self._pool.acquire() as conn, conn.cursor() as cur:
+                    await cur.execute(sql, args)
+                    rows = list(await cur.fetchall()) if fetch else []
+                    return cur.rowcount, rows
+            except pymysql.err.MySQLError as exc:
+                code = _code(exc)
+                if code in _LOST and attempt == 1:
+                    # Every batchrun statement is idempotent (INSERT IGNORE, guarded
+                    # UPDATEs), so one retry on a fresh connection is safe.
+                    log.warning("database connection lost (%s); retrying once", code)
+                    continue
+                raise self._convert(exc) from exc
+            except OSError as exc:
+                raise DatabaseError(f"database {self.url}: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _convert(self, exc: pymysql.err.MySQLError) -> DatabaseError:
+        text = mask_text(_describe(exc), self._raw_url)
+        if _code(exc) == _NO_TABLE:
+            return NotMigratedError(
+                f"database {self.url} is missing batchrun's tables ({text}): "
+                "run `batchrun db migrate`"
+            )
+        return DatabaseError(f"database {self.url}: {text}")
+
+    async def execute(self, name: str, **params: Any) -> int:
+        sql, args = self.queries.compile(name, params)
+        count, _ = await self._run(sql, args, fetch=False)
+        return count
+
+    async def fetchall(self, name: str, **params: Any) -> list[Row]:
+        sql, args = self.queries.compile(name, params)
+        _, rows = await self._run(sql, args, fetch=True)
+        return rows
+
+    async def fetch_sql(self, sql: str, args: tuple[Any, ...]) -> list[Row]:
+        _, rows = await self._run(sql, args, fetch=True)
+        return rows
+
+    async def run_step(self, statement: Statement) -> None:
+        sql, args = self.queries.compile_text(statement.name, statement.text, {})
+        await self._run(sql, args, fetch=False)
+
+    async def close(self) -> None:
+        self._pool.close()
+        await self._pool.wait_closed()
+
+
+def _code(exc: BaseException) -> int | None:
+    args = getattr(exc, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def _describe(exc: BaseException) -> str:
+    args = getattr(exc, "args", ())
+    if len(args) >= 2 and isinstance(args[0], int):
+        return f"({args[0]}) {args[1]}"
+    return str(exc) or type(exc).__name__

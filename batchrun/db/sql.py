@@ -1,0 +1,140 @@
+"""Named queries loaded from ``batchrun/sql/<dialect>/*.sql`` (aiosql-style ``-- name:`` blocks).
+
+Parameters are written ``:name``. ``:name*`` expands a list: a list of scalars becomes
+``(?, ?, ?)`` (for ``IN``), a list of tuples becomes ``(?, ?), (?, ?)`` (for multi-row
+``VALUES``). Only placeholders are generated; values are always bound by the driver.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+_NAME = re.compile(r"^--\s*name:\s*([\w.-]+)\s*$", re.MULTILINE)
+# Quoted strings and comments are matched first so a ':' inside them is never a parameter.
+_TOKEN = re.compile(
+    r"'(?:[^']|'')*'|\"[^\"]*\"|`[^`]*`|--[^\n]*|(?<![:\w]):([A-Za-z_]\w*)(\*?)|%"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One named query: its text and the guards (``-- unless:`` lines) that skip it."""
+
+    name: str
+    text: str
+    unless: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class Queries:
+    """The named queries of one dialect, compiled to the driver's placeholder style."""
+
+    dialect: str
+    placeholder: str
+    statements: dict[str, Statement]
+    _cache: dict[tuple[str, tuple[int, ...]], tuple[str, tuple[str, ...]]] = field(
+        default_factory=dict
+    )
+
+    def compile(self, name: str, params: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
+        """Return (sql, args) for query ``name`` bound to ``params``."""
+        statement = self.statements[name]
+        return self.compile_text(statement.name, statement.text, params)
+
+    def compile_text(
+        self, key: str, text: str, params: Mapping[str, Any]
+    ) -> tuple[str, tuple[Any, ...]]:
+        """Compile an already-loaded statement text (migrations use this too)."""
+        shape = tuple(
+            _shape(value) for _, value in sorted(params.items()) if isinstance(value, list)
+        )
+        cached = self._cache.get((key, shape))
+        if cached is None:
+            cached = self._translate(text, params)
+            self._cache[(key, shape)] = cached
+        sql, order = cached
+        args: list[Any] = []
+        for param in order:
+            value = params[param]
+            if isinstance(value, list):
+                for item in value:
+                    if isinstance(item, tuple):
+                        args.extend(item)
+                    else:
+                        args.append(item)
+            else:
+                args.append(value)
+        return sql, tuple(args)
+
+    def _translate(self, text: str, params: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
+        order: list[str] = []
+        mark = self.placeholder
+
+        def replace(match: re.Match[str]) -> str:
+            whole, name, star = match.group(0), match.group(1), match.group(2)
+            if name is None:
+                # pymysql applies `query % args` to the whole text, literals included,
+                # so every literal % must be doubled there.
+                return whole.replace("%", "%%") if mark == "%s" else whole
+            if name not in params:
+                raise KeyError(f"query parameter :{name} not given")
+            order.append(name)
+            value = params[name]
+            if not star:
+                return mark
+            if not isinstance(value, list) or not value:
+                raise ValueError(f"query parameter :{name}* needs a non-empty list")
+            first = value[0]
+            if isinstance(first, tuple):
+                row = "(" + ", ".join([mark] * len(first)) + ")"
+                return ", ".join([row] * len(value))
+            return "(" + ", ".join([mark] * len(value)) + ")"
+
+        return _TOKEN.sub(replace, text), tuple(order)
+
+
+def _shape(value: list[Any]) -> int:
+    return len(value) * 1000 + (len(value[0]) if value and isinstance(value[0], tuple) else 0)
+
+
+def parse(text: str) -> dict[str, Statement]:
+    """Split a ``.sql`` file into its named statements."""
+    statements: dict[str, Statement] = {}
+    parts = _NAME.split(text)
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = body.strip().splitlines()
+        unless = tuple(
+            line.split(":", 1)[1].strip() for line in lines if line.startswith("-- unless:")
+        )
+        sql_lines = [line for line in lines if not line.lstrip().startswith("--")]
+        sql = "\n".join(sql_lines).strip().rstrip(";").strip()
+        if name in statements:
+            raise ValueError(f"query {name} defined twice")
+        statements[name] = Statement(name=name, text=sql, unless=unless)
+    return statements
+
+
+@cache
+def load(dialect: str) -> Queries:
+    """Load every ``.sql`` file of ``dialect`` shipped inside the package."""
+    folder = resources.files("batchrun").joinpath("sql", dialect)
+    statements: dict[str, Statement] = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".sql"):
+            for name, statement in parse(entry.read_text(encoding="utf-8")).items():
+                if name in statements:
+                    raise ValueError(f"query {name} defined twice in sql/{dialect}")
+                statements[name] = statement
+    placeholder = "%s" if dialect == "mysql" else "?"
+    return Queries(dialect=dialect, placeholder=placeholder, statements=statements)
+
+
+def migration_steps(dialect: str) -> Sequence[Statement]:
+    """The schema steps of ``dialect`` in order (queries named ``migrate_NNNN_*``)."""
+    queries = load(dialect)
+    return [s for name, s in sorted(queries.statements.items()) if name.startswith("migrate_")]

@@ -1,0 +1,84 @@
+"""SQLite adapter over one aiosqlite connection (its thread serializes every statement)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from batchrun.db.base import Database, Row
+from batchrun.db.sql import Queries, Statement
+from batchrun.errors import ConfigError, DatabaseError, NotMigratedError
+
+
+def sqlite_path(url: str) -> str:
+    """The file path of ``sqlite:///relative`` or ``sqlite:////absolute``."""
+    _, _, rest = url.partition("://")
+    if not rest.startswith("/") or rest == "/":
+        raise ConfigError(f"SQLite URL {url!r} must look like sqlite:///path/to/file.db")
+    return rest[1:]
+
+
+class SQLiteDatabase(Database):
+    """A single autocommit connection in WAL mode, with a busy timeout for other processes."""
+
+    dialect = "sqlite"
+
+    def __init__(self, url: str, queries: Queries, conn: aiosqlite.Connection) -> None:
+        super().__init__(queries)
+        self.url = url
+        self._conn = conn
+
+    @classmethod
+    async def open(cls, url: str, queries: Queries, *, create: bool = False) -> SQLiteDatabase:
+        """Open the file; a missing file is an error unless ``create`` (migrations)."""
+        path = sqlite_path(url)
+        if not create and path != ":memory:" and not Path(path).exists():
+            raise NotMigratedError(
+                f"database file {path} does not exist: run `batchrun db migrate` first"
+            )
+        try:
+            conn = await aiosqlite.connect(path, isolation_level=None, timeout=30.0)
+            for name in ("pragma_wal", "pragma_synchronous", "pragma_busy_timeout"):
+                await conn.execute(queries.statements[name].text)
+        except (sqlite3.Error, OSError) as exc:
+            raise DatabaseError(f"cannot open SQLite database {path}: {exc}") from exc
+        return cls(url, queries, conn)
+
+    async def _run(self, sql: str, args: tuple[Any, ...], *, fetch: bool) -> tuple[int, list[Row]]:
+        try:
+            async with self._conn.execute(sql, args) as cur:
+                rows = list(await cur.fetchall()) if fetch else []
+                return cur.rowcount, [tuple(r) for r in rows]
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc) or "no such column" in str(exc):
+                raise NotMigratedError(
+                    f"database {self.url} is missing batchrun's tables ({exc}): "
+                    "run `batchrun db migrate`"
+                ) from exc
+            raise DatabaseError(f"database {self.url}: {exc}") from exc
+        except (sqlite3.Error, ValueError) as exc:
+            raise DatabaseError(f"database {self.url}: {exc}") from exc
+
+    async def execute(self, name: str, **params: Any) -> int:
+        sql, args = self.queries.compile(name, params)
+        count, _ = await self._run(sql, args, fetch=False)
+        return count
+
+    async def fetchall(self, name: str, **params: Any) -> list[Row]:
+        sql, args = self.queries.compile(name, params)
+        _, rows = await self._run(sql, args, fetch=True)
+        return rows
+
+    async def fetch_sql(self, sql: str, args: tuple[Any, ...]) -> list[Row]:
+        _, rows = await self._run(sql, args, fetch=True)
+        return rows
+
+    async def run_step(self, statement: Statement) -> None:
+        await self._run(statement.text, (), fetch=False)
+
+    async def close(self) -> None:
+        await self._conn.close()
+

@@ -1,0 +1,68 @@
+"""Errors batchrun raises, one tree so the CLI and the Lambda handler catch one base.
+
+    BatchrunError                    anything batchrun reports as one clear line
+    ├── UsageError                   bad input from the user (exit 2)
+    ├── ConfigError                  an unusable setting or URL (exit 2)
+    ├── DatabaseError                the database failed or cannot be reached
+    │   └── NotMigratedError         batchrun's tables are missing: run `batchrun db migrate`
+    ├── MailError                    a message could not be sent; carries a reason
+    │   ├── TemporaryMailError       worth retrying later (4xx, timeout, throttling)
+    │   │   └── MailConnectionError  the backend itself is unreachable (feeds the breaker)
+    │   └── PermanentMailError       never worth retrying (5xx for the recipient, rejected)
+    └── QueueError                   the retry queue failed or cannot be reached
+
+Driver and protocol errors are converted at the boundary with ``raise X(...) from exc``.
+Messages never contain a password: URLs are masked with ``batchrun.urls.mask_url``.
+"""
+
+from __future__ import annotations
+
+
+class BatchrunError(Exception):
+    """Base of every error batchrun reports to a user."""
+
+    exit_code = 1
+
+
+class UsageError(BatchrunError):
+    """Bad input on the command line or in an event."""
+
+    exit_code = 2
+
+
+class ConfigError(BatchrunError):
+    """An unusable setting, such as an unknown URL scheme."""
+
+    exit_code = 2
+
+
+class DatabaseError(BatchrunError):
+    """The database failed or cannot be reached."""
+
+
+class NotMigratedError(DatabaseError):
+    """batchrun's tables are missing or older than this version."""
+
+
+class MailError(BatchrunError):
+    """A message could not be sent."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TemporaryMailError(MailError):
+    """Sending may succeed later: queue the user for retry."""
+
+
+class MailConnectionError(TemporaryMailError):
+    """The mail backend itself is down, refusing or hanging."""
+
+
+class PermanentMailError(MailError):
+    """Sending will never succeed for this recipient."""
+
+
+class QueueError(BatchrunError):
+    """The retry queue failed or cannot be reached."""

@@ -1,0 +1,1 @@
+"""Jobs batchrun runs."""

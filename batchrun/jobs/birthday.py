@@ -1,0 +1,749 @@
+"""The birthday job: keyset pages of users -> claims -> gift cards -> one email each.
+
+Exactly-once rests on the database, not on this code: the ledger's primary key and its
+lease serialize work on a user, and ``gift_card.idempotency_key`` is UNIQUE, so overlapping
+runs, crashes and retries can never create a second card. Outcomes are recorded by a group
+commit that a worker awaits before taking its next user, so at most ``concurrency`` accepted
+messages are ever unrecorded: that bounds the one duplicate-email window a crash can open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import asdict, dataclass
+from email.utils import parseaddr
+from typing import Any
+
+from batchrun import codes
+from batchrun.db.store import FINAL_STATES, Candidate, Claim, State, Store, now_ms
+from batchrun.engine import Progress, Runner, StopToken
+from batchrun.errors import (
+    DatabaseError,
+    MailConnectionError,
+    PermanentMailError,
+    QueueError,
+    TemporaryMailError,
+)
+from batchrun.jobs.month import Month, parse_month
+from batchrun.mail.base import Mailer, Message, valid_address
+from batchrun.queue.base import (
+    PoisonMessage,
+    QueueMessage,
+    Received,
+    RetryQueue,
+    backoff_s,
+)
+from batchrun.settings import Settings
+
+log = logging.getLogger(__name__)
+
+JOB = "birthday"
+CARD_STATUS = 1
+
+
+@dataclass
+class Summary:
+    """The result of one `birthday` run; ``to_json`` is the contract's JSON summary."""
+
+    job: str
+    month: str
+    dry_run: bool
+    eligible: int = 0
+    skipped: int = 0
+    cards_created: int = 0
+    emails_sent: int = 0
+    failed: int = 0
+    queued_for_retry: int = 0
+    dead_lettered: int = 0
+    not_queued: int = 0  # temporary failures the retry queue did not take (kept in the ledger)
+    left_pending: int = 0  # claimed but not worked on when the run stopped (released)
+    continuation: bool = False  # the rest of the month was handed on through the queue
+    stopped: str | None = None
+    duration_s: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        """0 all done; 3 some users wait for a retry (or could not be queued)."""
+        return 3 if self.queued_for_retry or self.not_queued else 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["duration_s"] = round(self.duration_s, 3)
+        return data
+
+
+@dataclass
+class RetrySummary:
+    """The result of one `retry` drain."""
+
+    processed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    remaining: int = 0
+    requeued: int = 0  # ledger failures whose retry message was re-sent
+    duration_s: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return 3 if self.failed else 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["duration_s"] = round(self.duration_s, 3)
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One claimed user with a card, ready to be emailed."""
+
+    user_id: int
+    year: int
+    first_name: str
+    last_name: str
+    email: str
+    code: str
+
+
+@dataclass(slots=True)
+class Prepared:
+    """What ``prepare`` did to a page: tasks to send, claims seen, users skipped."""
+
+    tasks: list[Task]
+    claims: dict[int, Claim]
+    skipped: list[int]
+
+
+@dataclass(slots=True)
+class Outcome:
+    state: State
+    reason: str | None = None
+
+
+@dataclass
+class Options:
+    """Run options from the CLI or the Lambda event."""
+
+    concurrency: int = 20
+    rate: float | None = None
+    page_size: int = 500
+    limit: int | None = None
+    handoff: bool = False  # on a stop, hand the rest of the month on through the queue
+    on_progress: Callable[[Progress], None] | None = None
+
+
+class CircuitBreaker:
+    """Opens after ``threshold`` consecutive connection-level mail failures."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.consecutive = 0
+        self.open = False
+
+    def success(self) -> None:
+        self.consecutive = 0
+
+    def failure(self) -> bool:
+        """Record a failure; True when this one opened the breaker."""
+        self.consecutive += 1
+        if not self.open and self.consecutive >= self.threshold:
+            self.open = True
+            return True
+        return False
+
+
+class Recorder:
+    """Group commit of outcomes: a worker's ``record`` returns once its row is written."""
+
+    def __init__(
+        self,
+        store: Store,
+        queue: RetryQueue | None,
+        *,
+        month: Month,
+        me: str,
+        summary: Summary | None,
+        enqueue: bool,
+    ) -> None:
+        self.store = store
+        self.queue = queue
+        self.month = month
+        self.me = me
+        self.summary = summary
+        self.enqueue = enqueue  # False in `retry`: the message already on the queue is reused
+        self._pending: list[tuple[Task, Outcome, asyncio.Future[None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def record(self, task: Task, outcome: Outcome) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((task, outcome, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+        await future
+
+    async def _flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[:1000], self._pending[1000:]
+            try:
+                await self.write([(t, o) for t, o, _ in batch])
+            except BaseException as exc:
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_result(None)
+
+    async def write(self, batch: Sequence[tuple[Task, Outcome]]) -> None:
+        """Write outcomes: one UPDATE for all sent, one per distinct failure reason."""
+        year = self.month.year
+        sent = [t.user_id for t, o in batch if o.state is State.SENT]
+        await self.store.finish(year=year, ids=sent, me=self.me, state=State.SENT)
+        failures: dict[tuple[State, str | None], list[Task]] = {}
+        for task, outcome in batch:
+            if outcome.state is not State.SENT:
+                failures.setdefault((outcome.state, outcome.reason), []).append(task)
+        for (state, reason), tasks in failures.items():
+            ids = [t.user_id for t in tasks]
+            queued = False
+            if self.enqueue and self.queue is not None:
+                queued = await self._enqueue(state, reason or "", tasks)
+            await self.store.finish(
+                year=year, ids=ids, me=self.me, state=state, error=reason,
+                queued=queued or not self.enqueue,
+            )
+
+    async def _enqueue(self, state: State, reason: str, tasks: Sequence[Task]) -> bool:
+        assert self.queue is not None
+        bodies = [
+            QueueMessage("retry", JOB, str(self.month), user_id=t.user_id, attempt=1,
+                         reason=reason).to_json()
+            for t in tasks
+        ]
+        try:
+            if state is State.FAILED:
+                await self.queue.send_dead([(b, reason) for b in bodies])
+            else:
+                await self.queue.send(bodies)
+        except QueueError as exc:
+            log.error("retry queue unreachable; %d failures stay in the ledger: %s",
+                      len(tasks), exc)
+            if self.summary is not None and state is State.RETRYING:
+                self.summary.not_queued += len(tasks)
+            return False
+        if self.summary is not None:
+            if state is State.FAILED:
+                self.summary.dead_lettered += len(tasks)
+            else:
+                self.summary.queued_for_retry += len(tasks)
+        return True
+
+    async def close(self) -> None:
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
+
+
+class BirthdayJob:
+    """Runs the birthday job and drains its retry queue with the same per-user pipeline."""
+
+    def __init__(
+        self,
+        store: Store,
+        mailer: Mailer | None,
+        queue: RetryQueue | None,
+        settings: Settings,
+        *,
+        stop: StopToken | None = None,
+    ) -> None:
+        self.store = store
+        self.mailer = mailer
+        self.queue = queue
+        self.settings = settings
+        self.stop = stop or StopToken()
+        self.lease_ms = int(settings.lease_s * 1000)
+        self.poll_s = min(1.0, settings.lease_s / 5)
+        domain = parseaddr(settings.sender)[1].rpartition("@")[2] or "localhost"
+        self.domain = domain
+
+    # -- the month ------------------------------------------------------------------------
+
+    async def run(
+        self, month: Month, options: Options | None = None, *, dry_run: bool = False,
+        after: int = 0,
+    ) -> Summary:
+        """Run the month: every eligible user ends sent, skipped, failed or queued."""
+        options = options or Options()
+        summary = Summary(JOB, str(month), dry_run)
+        started = time.monotonic()
+        if dry_run:
+            await self._dry_run(month, options, summary, after)
+            summary.duration_s = time.monotonic() - started
+            return summary
+        assert self.mailer is not None and self.queue is not None
+        me = uuid.uuid4().hex
+        recorder = Recorder(self.store, self.queue, month=month, me=me, summary=summary,
+                            enqueue=True)
+        breaker = CircuitBreaker(self.settings.breaker_threshold)
+        runner: Runner[Task] = Runner(
+            concurrency=options.concurrency, rate=options.rate, stop=self.stop,
+            on_progress=options.on_progress,
+        )
+        pager = _Pager(self, month, me, options, summary, runner, start_after=after)
+        heartbeat = asyncio.create_task(self._heartbeat(me))
+        try:
+            result = await runner.run(
+                pager.tasks(), self._worker(runner, recorder, summary, breaker)
+            )
+            leftover = [*result.not_started, *result.cancelled]
+            await recorder.close()
+            if breaker.open:
+                summary.stopped = "mail backend unreachable (circuit breaker open)"
+                await recorder.write(
+                    [(t, Outcome(State.RETRYING, summary.stopped)) for t in leftover]
+                )
+                summary.failed += len(leftover)
+            elif leftover:
+                await self.store.release(year=month.year, ids=[t.user_id for t in leftover],
+                                         me=me)
+                summary.left_pending += len(leftover)
+            if self.stop.stopping and summary.stopped is None:
+                summary.stopped = self.stop.reason or "stopped"
+            if (breaker.open or (self.stop.stopping and options.handoff)) and not pager.done:
+                await self._continue(month, pager.cursor, summary)
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            await recorder.close()
+        summary.duration_s = time.monotonic() - started
+        return summary
+
+    async def _dry_run(self, month: Month, options: Options, summary: Summary,
+                       after: int) -> None:
+        """Count what a run would do; reads only."""
+        while True:
+            page = await self.store.eligible_page(
+                year=month.year, month=month.month, after=after,
+                limit=_page_limit(options, summary.eligible),
+            )
+            if not page:
+                return
+            after = page[-1].user_id
+            for candidate in page:
+                summary.eligible += 1
+                if not valid_address(candidate.email):
+                    summary.skipped += 1
+            if options.on_progress:
+                options.on_progress(Progress("done", len(page)))
+            if options.limit is not None and summary.eligible >= options.limit:
+                return
+
+    async def _continue(self, month: Month, cursor: int, summary: Summary) -> None:
+        assert self.queue is not None
+        body = QueueMessage("continuation", JOB, str(month), after_id=cursor).to_json()
+        try:
+            await self.queue.send([body])
+        except QueueError as exc:
+            log.error("could not hand the rest of %s on (%s); rerun `batchrun birthday`",
+                      month, exc)
+            return
+        summary.continuation = True
+
+    async def _heartbeat(self, me: str) -> None:
+        """Keep this run's claims alive; a dead run's claims expire after one lease."""
+        while True:
+            await asyncio.sleep(self.settings.lease_s / 3)
+            try:
+                await self.store.heartbeat(me=me, lease_ms=self.lease_ms)
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    def _worker(
+        self, runner: Runner[Task], recorder: Recorder, summary: Summary,
+        breaker: CircuitBreaker,
+    ) -> Callable[[Task], Any]:
+        mailer = self.mailer
+        assert mailer is not None
+
+        async def work(task: Task) -> None:
+            outcome = await self._send(task, runner, breaker, mailer)
+            if outcome.state is State.SENT:
+                summary.emails_sent += 1
+                runner.progress("done")
+            else:
+                summary.failed += 1
+                runner.progress("failed")
+            await recorder.record(task, outcome)
+
+        return work
+
+    async def _send(self, task: Task, runner: Runner[Task], breaker: CircuitBreaker,
+                    mailer: Mailer) -> Outcome:
+        if breaker.open:
+            return Outcome(State.RETRYING, "mail backend unreachable (circuit breaker open)")
+        try:
+            async with runner.limiter:
+                await mailer.send(self.message(task))
+        except PermanentMailError as exc:
+            breaker.success()
+            return Outcome(State.FAILED, exc.reason)
+        except MailConnectionError as exc:
+            if breaker.failure():
+                log.error("mail backend unreachable after %d failures in a row; stopping",
+                          breaker.consecutive)
+                self.stop.request("mail backend unreachable")
+            return Outcome(State.RETRYING, exc.reason)
+        except TemporaryMailError as exc:
+            breaker.success()
+            return Outcome(State.RETRYING, exc.reason)
+        breaker.success()
+        return Outcome(State.SENT)
+
+    def message(self, task: Task) -> Message:
+        """The birthday email of ``task``, with a Message-ID stable per (job, year, user)."""
+        name = " ".join(p for p in (task.first_name, task.last_name) if p).strip()
+        greeting = task.first_name or "there"
+        code = codes.display(task.code)
+        text = (
+            f"Happy birthday, {greeting}!\n\n"
+            f"Here is a gift card for you: {code}\n\n"
+            "Enjoy your day.\n"
+        )
+        body_html = (
+            f"<p>Happy birthday, {html.escape(greeting)}!</p>"
+            f"<p>Here is a gift card for you: <strong>{code}</strong></p>"
+            "<p>Enjoy your day.</p>"
+        )
+        return Message(
+            sender=self.settings.sender,
+            to_addr=task.email,
+            to_name=name,
+            subject="Happy birthday! A gift card for you",
+            text=text,
+            html=body_html,
+            message_id=f"<{JOB}.{task.year}.{task.user_id}@{self.domain}>",
+        )
+
+    # -- per page: claim, skip, cards -----------------------------------------------------
+
+    async def prepare(
+        self, month: Month, me: str, candidates: Sequence[Candidate], summary: Summary | None
+    ) -> Prepared:
+        """Claim ``candidates``, skip invalid addresses, ensure cards; return the tasks."""
+        if not candidates:
+            return Prepared([], {}, [])
+        claims = await self.store.claim(
+            year=month.year, month=month.month, ids=[c.user_id for c in candidates],
+            new_ids=[c.user_id for c in candidates if c.state is None], me=me,
+            lease_ms=self.lease_ms,
+        )
+        mine = [
+            c for c in candidates
+            if (claim := claims.get(c.user_id)) is not None and claim.owner == me
+            and claim.state not in FINAL_STATES
+        ]
+        invalid = [c.user_id for c in mine if not valid_address(c.email)]
+        if invalid:
+            await self.store.finish(year=month.year, ids=invalid, me=me, state=State.SKIPPED,
+                                    error="invalid email address")
+        valid = [c for c in mine if valid_address(c.email)]
+        cards, created = await self.ensure_cards(month, valid)
+        if summary is not None:
+            summary.eligible += len(mine)
+            summary.skipped += len(invalid)
+            summary.cards_created += created
+        tasks = [
+            Task(c.user_id, month.year, c.first_name or "", c.last_name or "", c.email,
+                 cards[c.user_id])
+            for c in valid
+        ]
+        return Prepared(tasks, claims, invalid)
+
+    async def ensure_cards(
+        self, month: Month, users: Sequence[Candidate]
+    ) -> tuple[dict[int, str], int]:
+        """Every user's card code (existing or new) and how many this call created."""
+        if not users:
+            return {}, 0
+        key_of = {c.user_id: f"{JOB}:{month.year}:{c.user_id}" for c in users}
+        scheduled = f"{month.year:04d}-{month.month:02d}-01 00:00:00"
+        codes_by_user: dict[int, str] = {}
+        created = 0
+        todo = list(users)
+        for _ in range(5):  # a gift-code collision (80 bits) is retried with a fresh code
+            fresh = {c.user_id: codes.new_code() for c in todo}
+            await self.store.insert_cards([
+                (c.email, self.settings.card_message, CARD_STATUS, scheduled,
+                 fresh[c.user_id], key_of[c.user_id])
+                for c in todo
+            ])
+            existing = await self.store.cards_by_key([key_of[c.user_id] for c in todo])
+            missing = []
+            for c in todo:
+                code = existing.get(key_of[c.user_id])
+                if code is None:
+                    missing.append(c)
+                    continue
+                codes_by_user[c.user_id] = code
+                created += code == fresh[c.user_id]
+            if not missing:
+                return codes_by_user, created
+            todo = missing
+        raise DatabaseError(
+            f"could not create a unique gift code for users {[c.user_id for c in todo[:5]]}"
+        )
+
+    # -- the retry queue ------------------------------------------------------------------
+
+    async def retry(self, options: Options | None = None, *, max_messages: int = 10_000
+                    ) -> RetrySummary:
+        """Drain the retry queue once: redo each user, delete successes, back off the rest."""
+        options = options or Options()
+        assert self.queue is not None and self.mailer is not None
+        started = time.monotonic()
+        result = RetrySummary()
+        result.requeued = await self.requeue_unqueued()
+        visibility = max(60.0, self.settings.lease_s * 4)
+        while result.processed < max_messages and not self.stop.stopping:
+            items: list[Received] = []
+            want = min(max(options.concurrency, 10), max_messages - result.processed)
+            while len(items) < want:
+                got = await self.queue.receive(max_messages=min(10, want - len(items)),
+                                               visibility_s=visibility)
+                if not got:
+                    break
+                items.extend(got)
+            if not items:
+                break
+            await self._retry_batch(items, options, result)
+        depth, _ = await self.queue.depths()
+        result.remaining = depth
+        result.duration_s = time.monotonic() - started
+        return result
+
+    async def requeue_unqueued(self) -> int:
+        """Queue the temporary failures that a run could not queue (queue was down)."""
+        assert self.queue is not None
+        total = 0
+        while True:
+            rows = await self.store.unqueued_failures(500)
+            rows = [r for r in rows if r[0] == JOB]
+            if not rows:
+                return total
+            by_year: dict[int, list[int]] = {}
+            bodies = []
+            for job, year, month, user_id, attempts, error in rows:
+                bodies.append(QueueMessage(
+                    "retry", job, f"{int(year):04d}-{int(month):02d}", user_id=int(user_id),
+                    attempt=int(attempts), reason=error or "",
+                ).to_json())
+                by_year.setdefault(int(year), []).append(int(user_id))
+            await self.queue.send(bodies)
+            for year, ids in by_year.items():
+                await self.store.mark_queued(year=year, ids=ids)
+            total += len(rows)
+
+    async def _retry_batch(self, items: list[Received], options: Options,
+                           result: RetrySummary) -> None:
+        assert self.queue is not None
+        by_month: dict[Month, list[tuple[Received, QueueMessage]]] = {}
+        for item in items:
+            try:
+                message = QueueMessage.from_json(item.body)
+            except PoisonMessage as exc:
+                log.error("poison message %s dead-lettered: %s", item.message_id, exc)
+                await self.queue.dead_letter(item, f"poison: {exc}")
+                result.processed += 1
+                result.dead_lettered += 1
+                continue
+            if message.kind == "continuation":
+                log.info("continuing %s after user %d", message.month, message.after_id)
+                summary = await self.run(parse_month(message.month), options,
+                                         after=message.after_id)
+                result.processed += 1
+                result.succeeded += summary.emails_sent
+                result.failed += summary.failed
+                await self.queue.delete([item])
+                continue
+            by_month.setdefault(parse_month(message.month), []).append((item, message))
+        for month, entries in by_month.items():
+            await self._retry_users(month, entries, options, result)
+
+    async def _retry_users(
+        self, month: Month, entries: list[tuple[Received, QueueMessage]], options: Options,
+        result: RetrySummary,
+    ) -> None:
+        assert self.queue is not None
+        me = uuid.uuid4().hex
+        ids = sorted({m.user_id for _, m in entries})
+        users = await self.store.users_by_id(ids)
+        before = await self.store.claims_of(year=month.year, ids=ids)
+        candidates = []
+        gone: set[int] = set()
+        for uid in ids:
+            row = users.get(uid)
+            if row is None or row[4] != 10 or row[3] is None:
+                gone.add(uid)  # deleted, deactivated or address removed: nothing to send
+                continue
+            claim = before.get(uid)
+            candidates.append(Candidate(uid, row[1], row[2], row[3],
+                                        claim.state if claim else None,
+                                        claim.owner if claim else None,
+                                        claim.lease_until if claim else None))
+        outcomes: dict[int, Outcome] = {}
+        prepared = await self.prepare(month, me, candidates, None)
+        tasks, claims = prepared.tasks, prepared.claims
+        for uid in prepared.skipped:
+            outcomes[uid] = Outcome(State.SKIPPED, "invalid email address")
+        if tasks:
+            recorder = Recorder(self.store, self.queue, month=month, me=me, summary=None,
+                                enqueue=False)
+            runner: Runner[Task] = Runner(concurrency=options.concurrency, rate=options.rate,
+                                          stop=self.stop, on_progress=options.on_progress)
+            breaker = CircuitBreaker(self.settings.breaker_threshold)
+            last_receive = {m.user_id: i.receive_count for i, m in entries}
+
+            async def work(task: Task) -> None:
+                outcome = await self._send(task, runner, breaker, self.mailer)  # type: ignore[arg-type]
+                if (outcome.state is State.RETRYING
+                        and last_receive.get(task.user_id, 0) >= self.queue.max_receives):  # type: ignore[union-attr]
+                    outcome = Outcome(State.FAILED, f"gave up after "
+                                      f"{last_receive[task.user_id]} attempts: {outcome.reason}")
+                outcomes[task.user_id] = outcome
+                await recorder.record(task, outcome)
+
+            run = await runner.run(_iterate(tasks), work)
+            await recorder.close()
+            leftover = [t.user_id for t in [*run.not_started, *run.cancelled]]
+            await self.store.release(year=month.year, ids=leftover, me=me)
+        done: list[Received] = []
+        for item, message in entries:
+            uid = message.user_id
+            outcome = outcomes.get(uid)
+            result.processed += 1
+            if uid in gone:
+                done.append(item)
+                continue
+            if outcome is None:
+                claim = claims.get(uid)
+                if claim is not None and claim.state in FINAL_STATES:
+                    done.append(item)  # finished meanwhile (by a rerun): nothing to do
+                    continue
+                # Another live run holds the user, or we stopped first: look again later.
+                await self.queue.retry_later(item, self.settings.lease_s)
+                continue
+            if outcome.state is State.SENT:
+                result.succeeded += 1
+                done.append(item)
+            elif outcome.state is State.SKIPPED:
+                done.append(item)
+            elif outcome.state is State.FAILED:
+                result.failed += 1
+                result.dead_lettered += 1
+                await self.queue.dead_letter(item, outcome.reason or "failed")
+            else:
+                result.failed += 1
+                await self.queue.retry_later(item, backoff_s(
+                    item.receive_count, base_s=self.settings.retry_base_s,
+                    max_s=self.settings.retry_max_backoff_s))
+        await self.queue.delete(done)
+
+
+class _Pager:
+    """The task source of a run: keyset pages, then the users other runs held."""
+
+    def __init__(self, job: BirthdayJob, month: Month, me: str, options: Options,
+                 summary: Summary, runner: Runner[Task], *, start_after: int) -> None:
+        self.job = job
+        self.month = month
+        self.me = me
+        self.options = options
+        self.summary = summary
+        self.runner = runner
+        self.cursor = start_after
+        self.done = False  # every page was read and every foreign claim settled
+        self.foreign: set[int] = set()
+
+    async def tasks(self) -> AsyncIterator[Task]:
+        store, month, stop = self.job.store, self.month, self.job.stop
+        while not stop.stopping:
+            limit = _page_limit(self.options, self.summary.eligible)
+            if limit <= 0:
+                self.done = True
+                return
+            page = await store.eligible_page(year=month.year, month=month.month,
+                                             after=self.cursor, limit=limit)
+            if not page:
+                break
+            self.cursor = page[-1].user_id
+            prepared = await self.job.prepare(month, self.me, page, self.summary)
+            self._note_foreign(prepared.claims)
+            if prepared.skipped:
+                self.runner.progress("skipped", len(prepared.skipped))
+            for task in prepared.tasks:
+                yield task
+        else:
+            return
+        # Users other runs hold: wait until they finish them or their claims expire.
+        while self.foreign and not stop.stopping:
+            await _sleep_unless(stop, self.job.poll_s)
+            ids = sorted(self.foreign)
+            claims = await store.claims_of(year=month.year, ids=ids)
+            now = now_ms()
+            takeable = []
+            for uid in ids:
+                claim = claims.get(uid)
+                if claim is None or claim.state != State.PENDING:
+                    self.foreign.discard(uid)  # finished, failed or queued by its owner
+                elif claim.owner is None or (claim.lease_until or 0) < now:
+                    takeable.append(uid)
+            if not takeable:
+                continue
+            users = await store.users_by_id(takeable)
+            candidates = [
+                Candidate(uid, r[1], r[2], r[3], claims[uid].state, claims[uid].owner,
+                          claims[uid].lease_until)
+                for uid, r in users.items() if r[4] == 10 and r[3] is not None
+            ]
+            self.foreign -= set(takeable)
+            prepared = await self.job.prepare(month, self.me, candidates, self.summary)
+            self._note_foreign(prepared.claims)
+            for task in prepared.tasks:
+                yield task
+        self.done = not stop.stopping
+
+    def _note_foreign(self, claims: dict[int, Claim]) -> None:
+        now = now_ms()
+        for uid, claim in claims.items():
+            if (claim.owner not in (None, self.me) and claim.state == State.PENDING
+                    and (claim.lease_until or 0) >= now):
+                self.foreign.add(uid)
+
+
+def _page_limit(options: Options, seen: int) -> int:
+    if options.limit is None:
+        return options.page_size
+    return min(options.page_size, options.limit - seen)
+
+
+async def _iterate(items: Sequence[Task]) -> AsyncIterator[Task]:
+    for item in items:
+        yield item
+
+
+async def _sleep_unless(stop: StopToken, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait_stopping(), timeout=seconds)
+
+
+__all__ = ["BirthdayJob", "Options", "RetrySummary", "Summary"]

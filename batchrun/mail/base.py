@@ -1,0 +1,232 @@
+"""The Mailer protocol, the Message every backend sends, and backend choice by URL."""
+
+from __future__ import annotations
+
+import email.policy
+import math
+import unicodedata
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.message import EmailMessage
+from email.utils import format_datetime, formataddr, parseaddr
+from typing import Protocol
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
+
+from batchrun.errors import ConfigError
+
+MAX_NAME_CHARS = 200
+MAX_ADDRESS_CHARS = 254
+
+# Characters that could end a header line or smuggle one in: C0/C1 controls (CR, LF, NUL,
+# NEL ...), lone surrogates (unencodable), and the Unicode line/paragraph separators.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cs", "Zl", "Zp"})
+# RFC 5322 specials and quoting characters: legal only inside quoted local parts, which no
+# real recipient list needs, and each one could change how a header or envelope is parsed.
+_ADDRESS_SPECIALS = frozenset('()<>[]:;,\\"')
+
+SCHEMES = ("smtp", "smtps", "file", "console", "discard", "ses")
+_ACCEPTED = ", ".join(f"{scheme}://" for scheme in SCHEMES)
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def clean_text(value: str, limit: int | None = None) -> str:
+    """Return ``value`` with every control or line-break character replaced by a space.
+
+    Args:
+        value: a display name or subject, possibly hostile.
+        limit: cap on the result's length in characters, if any.
+    """
+    cleaned = "".join(
+        " " if unicodedata.category(char) in _UNSAFE_CATEGORIES else char for char in value
+    )
+    if limit is not None:
+        cleaned = cleaned[:limit]
+    return cleaned.strip()
+
+
+def valid_address(addr: str) -> bool:
+    """Return whether ``addr`` passes a plain syntax check for a deliverable address.
+
+    One ``@``, a non-empty local part, a domain with a dot (or ``localhost``), no
+    whitespace, control or RFC 5322 special characters, at most 254 characters.
+    """
+    if not addr or len(addr) > MAX_ADDRESS_CHARS or addr.count("@") != 1:
+        return False
+    for char in addr:
+        if char.isspace() or char in _ADDRESS_SPECIALS:
+            return False
+        if unicodedata.category(char) in _UNSAFE_CATEGORIES or char == "\x7f":
+            return False
+    local, domain = addr.split("@")
+    if not local or not domain:
+        return False
+    if domain.lower() == "localhost":
+        return True
+    labels = domain.split(".")
+    return len(labels) >= 2 and all(labels)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One email to one recipient; every backend sends ``to_email()``'s bytes."""
+
+    sender: str
+    to_addr: str
+    to_name: str
+    subject: str
+    text: str
+    html: str
+    message_id: str  # stable per (job, year, user), e.g. "<birthday.2025.42@example.com>"
+
+    @property
+    def envelope_sender(self) -> str:
+        """The bare address of ``sender`` (which may be ``Name <addr>``), for MAIL FROM."""
+        return parseaddr(self.sender)[1] or self.sender
+
+    @property
+    def display_to(self) -> str:
+        """The To header value: the cleaned display name and the address."""
+        return formataddr((clean_text(self.to_name, MAX_NAME_CHARS), self.to_addr))
+
+    def to_email(self) -> EmailMessage:
+        """Build the MIME message: text and HTML alternatives, UTF-8, Message-ID and Date.
+
+        Raises ValueError when an address or the Message-ID holds a line break: addresses
+        are never silently rewritten, so the caller must reject them.
+        """
+        msg = EmailMessage(policy=email.policy.SMTP)
+        # The policy refuses CR/LF in header values (ValueError), so a hostile address
+        # fails here; names and subject are cleaned first because they are free text.
+        msg["From"] = self.sender
+        # formataddr applies RFC 2047 to a non-ASCII name; the policy re-folds it safely.
+        msg["To"] = self.display_to
+        msg["Subject"] = clean_text(self.subject)
+        msg["Date"] = format_datetime(datetime.now(UTC))
+        msg["Message-ID"] = self.message_id
+        msg.set_content(self.text, charset="utf-8")
+        msg.add_alternative(self.html, subtype="html", charset="utf-8")
+        return msg
+
+
+class Mailer(Protocol):
+    """Sends messages; raises TemporaryMailError, MailConnectionError or PermanentMailError."""
+
+    async def send(self, message: Message) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def from_url(url: str, *, timeout: float = 10.0, pool_size: int = 4) -> Mailer:
+    """Return the mail backend a ``--mail`` URL names; imports only that backend.
+
+    Args:
+        url: ``smtp://[user:pass@]host[:port][?starttls=1&pool=N&timeout=S]``,
+            ``smtps://...`` (implicit TLS), ``file://DIR``, ``console://`` or ``discard://``.
+        timeout: connect and send timeout in seconds (``?timeout=`` overrides it).
+        pool_size: most SMTP connections kept open at once (``?pool=`` overrides it).
+
+    Raises:
+        ConfigError: an unknown scheme or an unusable URL; the message never holds the
+            URL itself, so a password in it is never shown.
+    """
+    scheme = url.partition("://")[0].lower() if "://" in url else ""
+    if scheme not in SCHEMES:
+        raise ConfigError(f"unknown mail URL scheme {scheme!r}; accepted: {_ACCEPTED}")
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ConfigError(f"unusable {scheme}:// mail URL: {exc}") from None
+    if scheme in ("smtp", "smtps"):
+        return _smtp_from_parts(parts, scheme, timeout=timeout, pool_size=pool_size)
+    _reject_query(parts, scheme)
+    if scheme == "file":
+        # file://outbox is relative (the host part is the first path segment);
+        # file:///var/outbox is absolute.
+        directory = unquote(parts.netloc + parts.path)
+        if not directory:
+            raise ConfigError("file:// mail URL needs a directory, e.g. file://outbox")
+        from batchrun.mail.file import FileMailer
+
+        return FileMailer(directory)
+    if scheme in ("console", "discard"):
+        if parts.netloc or parts.path.strip("/"):
+            raise ConfigError(f"{scheme}:// mail URL takes no host or path")
+        from batchrun.mail.console import ConsoleMailer, DiscardMailer
+
+        return ConsoleMailer() if scheme == "console" else DiscardMailer()
+    raise ConfigError("ses:// mail needs the AWS backends, not built yet")
+
+
+def _reject_query(parts: SplitResult, scheme: str) -> None:
+    """Refuse query options on a scheme that has none, rather than ignore a typo."""
+    if parts.query:
+        raise ConfigError(f"{scheme}:// mail URL takes no options (got ?{parts.query})")
+
+
+def _smtp_from_parts(parts: SplitResult, scheme: str, *, timeout: float, pool_size: int) -> Mailer:
+    """Build an SmtpMailer from a parsed ``smtp://`` or ``smtps://`` URL."""
+    implicit_tls = scheme == "smtps"
+    try:
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"{scheme}:// mail URL has an invalid port") from None
+    if not host:
+        raise ConfigError(f"{scheme}:// mail URL needs a host, e.g. {scheme}://localhost:25")
+    start_tls: bool | None = None
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key == "starttls":
+            start_tls = _parse_bool(scheme, key, value)
+        elif key == "pool":
+            pool = _parse_positive(scheme, key, value)
+            if not pool.is_integer():
+                raise ConfigError(
+                    f"{scheme}:// mail URL option pool={value!r} must be a whole number"
+                )
+            pool_size = int(pool)
+        elif key == "timeout":
+            timeout = _parse_positive(scheme, key, value)
+        else:
+            raise ConfigError(
+                f"unknown option {key!r} in {scheme}:// mail URL; accepted: starttls, pool, timeout"
+            )
+    if implicit_tls and start_tls:
+        raise ConfigError("smtps:// is already TLS; starttls=1 applies to smtp:// only")
+    if port is None:
+        port = 465 if implicit_tls else 587 if start_tls else 25
+    username = unquote(parts.username) if parts.username is not None else None
+    password = unquote(parts.password) if parts.password is not None else None
+    # Imported here so a deployment that never names smtp:// never imports aiosmtplib.
+    from batchrun.mail.smtp import SmtpMailer
+
+    return SmtpMailer(
+        host,
+        port,
+        username=username,
+        password=password,
+        use_tls=implicit_tls,
+        start_tls=False if implicit_tls else start_tls,
+        timeout=timeout,
+        pool_size=pool_size,
+    )
+
+
+def _parse_bool(scheme: str, key: str, value: str) -> bool:
+    """Parse a URL flag such as ``starttls=1``."""
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ConfigError(f"{scheme}:// mail URL option {key}={value!r} is not 1 or 0")
+
+
+def _parse_positive(scheme: str, key: str, value: str) -> float:
+    """Parse a positive, finite number URL option such as ``pool=8`` or ``timeout=2.5``."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = 0.0
+    if not (math.isfinite(number) and number > 0):
+        raise ConfigError(f"{scheme}:// mail URL option {key}={value!r} must be a positive number")
+    return number

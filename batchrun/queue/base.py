@@ -1,0 +1,149 @@
+"""The retry-queue protocol, its message bodies, and backend choice by URL."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from batchrun.errors import ConfigError
+from batchrun.urls import mask_url, scheme_of
+
+if TYPE_CHECKING:
+    from batchrun.db.base import Database
+
+KNOWN_JOBS = frozenset({"birthday"})
+MAX_BODY = 64 * 1024  # SQS's own limit is 256 KiB; ours are a few hundred bytes
+
+
+class PoisonMessage(ValueError):
+    """A queue message that can never be processed; carries the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMessage:
+    """A retry of one user, or a continuation of a month from ``after_id``."""
+
+    kind: Literal["retry", "continuation"]
+    job: str
+    month: str
+    user_id: int = 0
+    after_id: int = 0
+    attempt: int = 0
+    reason: str = ""
+
+    def to_json(self) -> str:
+        body: dict[str, Any] = {"v": 1, "kind": self.kind, "job": self.job, "month": self.month}
+        if self.kind == "retry":
+            body.update(user_id=self.user_id, attempt=self.attempt, reason=self.reason[:300])
+        else:
+            body.update(after_id=self.after_id)
+        return json.dumps(body, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> QueueMessage:
+        """Parse and validate a body; raise PoisonMessage for anything malformed."""
+        if len(text) > MAX_BODY:
+            raise PoisonMessage(f"body too large ({len(text)} bytes)")
+        try:
+            body = json.loads(text)
+        except ValueError as exc:
+            raise PoisonMessage(f"not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise PoisonMessage("body is not a JSON object")
+        kind = body.get("kind")
+        if kind not in ("retry", "continuation"):
+            raise PoisonMessage(f"unknown kind {kind!r}")
+        job = body.get("job")
+        if job not in KNOWN_JOBS:
+            raise PoisonMessage(f"unknown job {job!r}")
+        month = body.get("month")
+        from batchrun.jobs.month import parse_month  # local: jobs imports this module
+
+        try:
+            parse_month(month if isinstance(month, str) else "")
+        except ValueError:
+            raise PoisonMessage(f"bad month {month!r}") from None
+        if kind == "retry":
+            user_id = body.get("user_id")
+            attempt = body.get("attempt", 0)
+            if not _is_int(user_id) or user_id <= 0:
+                raise PoisonMessage(f"bad user_id {user_id!r}")
+            if not _is_int(attempt) or attempt < 0:
+                raise PoisonMessage(f"bad attempt {attempt!r}")
+            reason = body.get("reason", "")
+            return cls("retry", job, month, user_id=user_id, attempt=attempt,
+                       reason=reason if isinstance(reason, str) else "")
+        after_id = body.get("after_id")
+        if not _is_int(after_id) or after_id < 0:
+            raise PoisonMessage(f"bad after_id {after_id!r}")
+        return cls("continuation", job, month, after_id=after_id)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A message as received: its id, the handle to act on it, its body and deliveries."""
+
+    message_id: str
+    receipt: str
+    body: str
+    receive_count: int
+
+
+class RetryQueue(Protocol):
+    """A queue with SQS semantics: visibility timeout, receive count, dead-letter queue."""
+
+    url: str  # masked: safe to print
+    max_receives: int
+
+    async def send(self, bodies: Sequence[str]) -> None:
+        """Queue every body (visible at once); raise QueueError if any was not queued."""
+        ...
+
+    async def send_dead(self, bodies: Sequence[tuple[str, str]]) -> None:
+        """Put (body, reason) pairs straight on the dead-letter queue (permanent failures)."""
+        ...
+
+    async def receive(self, *, max_messages: int, visibility_s: float) -> list[Received]:
+        """Receive up to ``max_messages`` visible messages, hiding them for ``visibility_s``."""
+        ...
+
+    async def delete(self, items: Sequence[Received]) -> None: ...
+
+    async def retry_later(self, item: Received, delay_s: float) -> None:
+        """Hide ``item`` for ``delay_s`` (a backoff) instead of deleting it."""
+        ...
+
+    async def dead_letter(self, item: Received, reason: str) -> None: ...
+
+    async def depths(self) -> tuple[int, int | None]:
+        """(messages waiting or in flight, dead-letter depth or None if there is no DLQ)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def backoff_s(receive_count: int, *, base_s: float, max_s: float) -> float:
+    """Exponential backoff with full jitter in its upper half, for the n-th failed receive."""
+    ceiling = min(max_s, base_s * 2 ** max(0, receive_count - 1))
+    return ceiling * random.uniform(0.5, 1.0)
+
+
+def from_url(url: str | None, *, db: Database, max_receives: int) -> RetryQueue:
+    """The queue named by ``url``; None means the table in the ``--db`` database."""
+    if url is None or url in ("", "local", "db"):
+        from batchrun.queue.local import LocalQueue
+
+        return LocalQueue(db, max_receives=max_receives)
+    if scheme_of(url) in ("https", "http", "sqs"):
+        raise ConfigError("SQS retry queues need the AWS backends, not built yet")
+    raise ConfigError(
+        f"unknown retry queue URL {mask_url(url)!r}: use an SQS queue URL, or leave it unset "
+        "for the queue table in the --db database"
+    )

@@ -1,0 +1,75 @@
+"""Settings: one frozen dataclass, read from one injectable mapping (the only reader of os.environ)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from batchrun.errors import ConfigError
+
+DEFAULT_DB = "sqlite:///batchrun.db"
+DEFAULT_MAIL = "file://outbox"
+DEFAULT_FROM = "birthday@localhost"
+
+
+def _float(env: Mapping[str, str], key: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{key} must be a number, got {raw!r}") from None
+    if value < minimum:
+        raise ConfigError(f"{key} must be at least {minimum:g}, got {raw!r}")
+    return value
+
+
+def _int(env: Mapping[str, str], key: str, default: int, *, minimum: int = 0) -> int:
+    return int(_float(env, key, default, minimum=minimum))
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything configurable; CLI options override the environment through ``replace``."""
+
+    db_url: str = DEFAULT_DB
+    mail_url: str = DEFAULT_MAIL
+    retry_queue_url: str | None = None  # None: the queue table in the --db database
+    sender: str = DEFAULT_FROM
+    mail_timeout_s: float = 10.0
+    lease_s: float = 15.0  # a dead run's claims expire this long after its last heartbeat
+    breaker_threshold: int = 5  # consecutive connection-level mail failures that stop a run
+    max_receives: int = 5  # deliveries of a retry message before it is dead-lettered
+    retry_base_s: float = 30.0  # first backoff of a retry that failed again; doubles each time
+    retry_max_backoff_s: float = 3600.0
+    card_message: str = "Happy birthday!"
+    deadline_margin_ms: int | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read settings from ``environ`` (``os.environ`` when None)."""
+        env = os.environ if environ is None else environ
+        margin = env.get("BATCHRUN_DEADLINE_MARGIN_MS")
+        return cls(
+            db_url=env.get("BATCHRUN_DB") or DEFAULT_DB,
+            mail_url=env.get("BATCHRUN_MAIL") or DEFAULT_MAIL,
+            retry_queue_url=env.get("BATCHRUN_RETRY_QUEUE") or None,
+            sender=env.get("BATCHRUN_FROM") or DEFAULT_FROM,
+            mail_timeout_s=_float(env, "BATCHRUN_MAIL_TIMEOUT_S", 10.0, minimum=0.1),
+            lease_s=_float(env, "BATCHRUN_LEASE_S", 15.0, minimum=0.5),
+            breaker_threshold=_int(env, "BATCHRUN_BREAKER_THRESHOLD", 5, minimum=1),
+            max_receives=_int(env, "BATCHRUN_MAX_RECEIVES", 5, minimum=1),
+            retry_base_s=_float(env, "BATCHRUN_RETRY_BASE_S", 30.0),
+            retry_max_backoff_s=_float(env, "BATCHRUN_RETRY_MAX_BACKOFF_S", 3600.0),
+            card_message=env.get("BATCHRUN_CARD_MESSAGE") or "Happy birthday!",
+            deadline_margin_ms=_int(env, "BATCHRUN_DEADLINE_MARGIN_MS", 0) if margin else None,
+            extra={k: v for k, v in env.items() if k.startswith("AWS_")},
+        )
+
+    def with_overrides(self, **changes: Any) -> Settings:
+        """A copy with the non-None ``changes`` applied (CLI options)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})

@@ -1,0 +1,30 @@
+-- name: has_column
+SELECT COUNT(*) FROM pragma_table_xinfo(:table) WHERE name = :item;
+
+-- name: has_index
+SELECT COUNT(*) FROM pragma_index_list(:table) WHERE name = :item;
+
+-- name: has_unique
+-- A single-column unique index on the column, whatever its name.
+SELECT COUNT(*) FROM pragma_index_list(:table) il
+WHERE il."unique" = 1
+  AND (SELECT COUNT(*) FROM pragma_index_info(il.name)) = 1
+  AND (SELECT name FROM pragma_index_info(il.name)) = :item;
+
+-- name: schema_steps
+SELECT step FROM batchrun_schema ORDER BY step;
+
+-- name: schema_record
+INSERT OR IGNORE INTO batchrun_schema (step, applied_at) VALUES (:step, :now);
+
+-- name: explain_prefix
+EXPLAIN QUERY PLAN
+
+-- name: pragma_wal
+PRAGMA journal_mode = WAL;
+
+-- name: pragma_synchronous
+PRAGMA synchronous = NORMAL;
+
+-- name: pragma_busy_timeout
+PRAGMA busy_timeout = 30000;

@@ -1,0 +1,21 @@
+-- name: eligible_page
+-- A keyset page over idx_user_birth_month_status_id: each page costs its own rows, never a
+-- rescan. Users already finished for the year (sent, skipped, failed for good) are left out.
+SELECT u.id, u.first_name, u.last_name, u.email, t.state, t.owner, t.lease_until
+FROM user u
+LEFT JOIN batchrun_task t ON t.job = :job AND t.year = :year AND t.user_id = u.id
+WHERE u.birth_month = :month AND u.status = 10 AND u.id > :after
+  AND u.email IS NOT NULL
+  AND (t.state IS NULL OR t.state IN (0, 3))
+ORDER BY u.id
+LIMIT :limit;
+
+-- name: users_by_id
+SELECT id, first_name, last_name, email, status, birth_month
+FROM user WHERE id IN :ids*;
+
+-- name: any_user
+SELECT id FROM user LIMIT 1;
+
+-- name: insert_users
+INSERT INTO user (first_name, last_name, email, date_of_birth, status) VALUES :rows*;

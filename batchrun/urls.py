@@ -1,0 +1,39 @@
+"""URL helpers: masking secrets before anything is printed or logged."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>[^@/\s]*)@")
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***``."""
+    return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url)
+
+
+def mask_text(text: str, *urls: str | None) -> str:
+    """Remove every password that appears in ``urls`` from ``text``."""
+    for url in urls:
+        if not url:
+            continue
+        password = split(url).password
+        if password:
+            text = text.replace(password, "***")
+        text = text.replace(url, mask_url(url))
+    return text
+
+
+def split(url: str) -> SplitResult:
+    """``urlsplit`` that never raises on odd ports (they are checked where used)."""
+    return urlsplit(url)
+
+
+def scheme_of(url: str) -> str:
+    """The lower-case scheme of ``url``, or '' when it has none."""
+    head, sep, _ = url.partition("://")
+    return head.lower() if sep else ""
+
+
+__all__ = ["mask_text", "mask_url", "scheme_of", "split", "urlunsplit"]
