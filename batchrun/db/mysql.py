@@ -21,6 +21,17 @@ _LOST = {2006, 2013, 2055}  # server gone away, lost connection: retried once on
 _CONNECT = {2002, 2003, 1045, 1049, 2005}
 
 
+class _QuietCursor(aiomysql.Cursor):  # type: ignore[misc]
+    """A cursor that does not fetch SHOW WARNINGS after a statement with warnings.
+
+    INSERT IGNORE reports each duplicate as a warning; fetching them costs a round trip per
+    page and turns them into Python warnings, and batchrun expects those duplicates.
+    """
+
+    async def _show_warnings(self, conn: Any) -> None:
+        return None
+
+
 class MySQLDatabase(Database):
     """A pool of autocommit connections; never shares one connection between tasks."""
 
@@ -67,7 +78,7 @@ class MySQLDatabase(Database):
     async def _run(self, sql: str, args: tuple[Any, ...], *, fetch: bool) -> tuple[int, list[Row]]:
         for attempt in (1, 2):
             try:
-                async with self._pool.acquire() as conn, conn.cursor() as cur:
+                async with self._pool.acquire() as conn, conn.cursor(_QuietCursor) as cur:
                     await cur.execute(sql, args)
                     rows = list(await cur.fetchall()) if fetch else []
                     return cur.rowcount, rows

@@ -9,7 +9,9 @@ WHERE job = :job AND year = :year AND month = :month;
 
 -- name: status_cards
 SELECT COUNT(*) FROM batchrun_task t
-JOIN gift_card g ON g.idempotency_key = CONCAT(t.job, ':', t.year, ':', t.user_id)
+-- Built from the :job literal, not the t.job column, so the column's collation decides
+-- and the unique index on idempotency_key is used, whatever the application's collation.
+JOIN gift_card g ON g.idempotency_key = CONCAT(:job, ':', t.year, ':', t.user_id)
 WHERE t.job = :job AND t.year = :year AND t.month = :month;
 
 -- name: status_pending

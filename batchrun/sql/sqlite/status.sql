@@ -9,7 +9,7 @@ WHERE job = :job AND year = :year AND month = :month;
 
 -- name: status_cards
 SELECT COUNT(*) FROM batchrun_task t
-JOIN gift_card g ON g.idempotency_key = t.job || ':' || t.year || ':' || t.user_id
+JOIN gift_card g ON g.idempotency_key = :job || ':' || t.year || ':' || t.user_id
 WHERE t.job = :job AND t.year = :year AND t.month = :month;
 
 -- name: status_pending
