@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ class SQLiteDatabase(Database):
         super().__init__(queries)
         self.url = url
         self._conn = conn
+        self._lock = asyncio.Lock()
 
     @classmethod
     async def open(cls, url: str, queries: Queries, *, create: bool = False) -> SQLiteDatabase:
@@ -49,7 +51,10 @@ class SQLiteDatabase(Database):
 
     async def _run(self, sql: str, args: tuple[Any, ...], *, fetch: bool) -> tuple[int, list[Row]]:
         try:
-            async with self._conn.execute(sql, args) as cur:
+            # One statement at a time, start to finish: a half-read SELECT keeps a read
+            # snapshot open, and a write from another task on this connection inside it
+            # would fail at once with SQLITE_BUSY_SNAPSHOT instead of waiting.
+            async with self._lock, self._conn.execute(sql, args) as cur:
                 rows = list(await cur.fetchall()) if fetch else []
                 return cur.rowcount, [tuple(r) for r in rows]
         except sqlite3.OperationalError as exc:

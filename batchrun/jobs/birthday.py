@@ -15,6 +15,7 @@ import html
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass
 from email.utils import parseaddr
@@ -304,7 +305,7 @@ class BirthdayJob:
             result = await runner.run(
                 pager.tasks(), self._worker(runner, recorder, summary, breaker)
             )
-            leftover = [*result.not_started, *result.cancelled]
+            leftover = [*result.not_started, *result.cancelled, *pager.unyielded]
             await recorder.close()
             if breaker.open:
                 summary.stopped = "mail backend unreachable (circuit breaker open)"
@@ -673,6 +674,7 @@ class _Pager:
         self.cursor = start_after
         self.done = False  # every page was read and every foreign claim settled
         self.foreign: set[int] = set()
+        self.unyielded: deque[Task] = deque()
 
     async def tasks(self) -> AsyncIterator[Task]:
         store, month, stop = self.job.store, self.month, self.job.stop
@@ -690,7 +692,7 @@ class _Pager:
             self._note_foreign(prepared.claims)
             if prepared.skipped:
                 self.runner.progress("skipped", len(prepared.skipped))
-            for task in prepared.tasks:
+            async for task in self._drain(prepared.tasks):
                 yield task
         else:
             return
@@ -718,9 +720,16 @@ class _Pager:
             self.foreign -= set(takeable)
             prepared = await self.job.prepare(month, self.me, candidates, self.summary)
             self._note_foreign(prepared.claims)
-            for task in prepared.tasks:
+            async for task in self._drain(prepared.tasks):
                 yield task
         self.done = not stop.stopping
+
+    async def _drain(self, tasks: list[Task]) -> AsyncIterator[Task]:
+        # Claimed tasks wait here until the runner takes them: if the run stops first,
+        # ``unyielded`` still names them, so they are released or queued, never forgotten.
+        self.unyielded.extend(tasks)
+        while self.unyielded and not self.job.stop.stopping:
+            yield self.unyielded.popleft()
 
     def _note_foreign(self, claims: dict[int, Claim]) -> None:
         now = now_ms()
