@@ -75,25 +75,39 @@ def main_options(
     ctx: typer.Context,
     db: Annotated[
         str | None,
-        typer.Option("--db", envvar="BATCHRUN_DB", show_default="sqlite:///batchrun.db",
-                     help="mysql://user:pass@host:port/db or sqlite:///path"),
+        typer.Option(
+            "--db",
+            envvar="BATCHRUN_DB",
+            show_default="sqlite:///batchrun.db",
+            help="mysql://user:pass@host:port/db or sqlite:///path",
+        ),
     ] = None,
     mail: Annotated[
         str | None,
-        typer.Option("--mail", envvar="BATCHRUN_MAIL", show_default="file://outbox",
-                     help="smtp://host:port (smtps://, ?starttls=1), file://DIR, console://, "
-                          "discard://"),
+        typer.Option(
+            "--mail",
+            envvar="BATCHRUN_MAIL",
+            show_default="file://outbox",
+            help="smtp://host:port (smtps://, ?starttls=1), file://DIR, console://, discard://",
+        ),
     ] = None,
     retry_queue: Annotated[
         str | None,
-        typer.Option("--retry-queue", envvar="BATCHRUN_RETRY_QUEUE",
-                     show_default="a queue table in the --db database",
-                     help="Where failed users wait for `batchrun retry`."),
+        typer.Option(
+            "--retry-queue",
+            envvar="BATCHRUN_RETRY_QUEUE",
+            show_default="a queue table in the --db database",
+            help="Where failed users wait for `batchrun retry`.",
+        ),
     ] = None,
     sender: Annotated[
         str | None,
-        typer.Option("--from", envvar="BATCHRUN_FROM", show_default="birthday@localhost",
-                     help="Sender address."),
+        typer.Option(
+            "--from",
+            envvar="BATCHRUN_FROM",
+            show_default="birthday@localhost",
+            help="Sender address.",
+        ),
     ] = None,
     verbose: Annotated[
         int, typer.Option("--verbose", "-v", count=True, help="More logging; tracebacks.")
@@ -148,8 +162,14 @@ def _run(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]) -> No
 
 @contextlib.asynccontextmanager
 async def _backends(
-    settings: Settings, *, mail: bool = False, queue: bool = False, pool_size: int = 4,
-    create: bool = False, migrated: bool = True, mail_pool: int = 4,
+    settings: Settings,
+    *,
+    mail: bool = False,
+    queue: bool = False,
+    pool_size: int = 4,
+    create: bool = False,
+    migrated: bool = True,
+    mail_pool: int = 4,
 ) -> AsyncIterator[tuple[Store, Mailer | None, RetryQueue | None]]:
     # Build every backend from its URL before touching the network, so a bad scheme is a
     # usage error that leaves nothing half-open.
@@ -161,11 +181,13 @@ async def _backends(
         if migrated:
             await store.check_migrated()
         if queue:
-            retry_queue = queue_from_url(settings.retry_queue_url, db=database,
-                                         max_receives=settings.max_receives)
+            retry_queue = queue_from_url(
+                settings.retry_queue_url, db=database, max_receives=settings.max_receives
+            )
         if mail:
-            mailer = mailer_from_url(settings.mail_url, timeout=settings.mail_timeout_s,
-                                     pool_size=mail_pool)
+            mailer = mailer_from_url(
+                settings.mail_url, timeout=settings.mail_timeout_s, pool_size=mail_pool
+            )
         yield store, mailer, retry_queue
     finally:
         if mailer is not None:
@@ -302,12 +324,12 @@ def birthday(
                 settings, mail=not dry_run, queue=not dry_run, mail_pool=concurrency
             ) as (store, mailer, queue):
                 job = BirthdayJob(store, mailer, queue, settings, stop=stop)
-                options = Options(concurrency=concurrency, rate=rate, page_size=page_size,
-                                  limit=limit)
+                options = Options(
+                    concurrency=concurrency, rate=rate, page_size=page_size, limit=limit
+                )
                 with _progress(as_json, f"birthday {which}") as bar:
                     if bar is not None:
-                        counts = await store.status(year=which.year, month=which.month,
-                                                    problems=0)
+                        counts = await store.status(year=which.year, month=which.month, problems=0)
                         total = counts.pending if limit is None else min(limit, counts.pending)
                         bar.set_total(total)
                         options.on_progress = bar.advance
@@ -321,8 +343,11 @@ def birthday(
             if summary.exit_code == 3:
                 stderr.print("some users wait in the retry queue: run `batchrun retry` later")
         if stop.stopping and summary.stopped and not summary.stopped.startswith("mail"):
-            stderr.print(f"stopped ({summary.stopped}); {summary.left_pending} users left "
-                         "pending for the next run", highlight=False)
+            stderr.print(
+                f"stopped ({summary.stopped}); {summary.left_pending} users left "
+                "pending for the next run",
+                highlight=False,
+            )
             return 130
         return summary.exit_code
 
@@ -355,11 +380,14 @@ def retry(
         uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
         try:
             async with _backends(settings, mail=True, queue=True, mail_pool=concurrency) as (
-                store, mailer, queue,
+                store,
+                mailer,
+                queue,
             ):
                 job = BirthdayJob(store, mailer, queue, settings, stop=stop)
-                result = await job.retry(Options(concurrency=concurrency, rate=rate),
-                                         max_messages=max_messages)
+                result = await job.retry(
+                    Options(concurrency=concurrency, rate=rate), max_messages=max_messages
+                )
         finally:
             uninstall()
         if as_json:
@@ -401,8 +429,12 @@ def status(
             "retry_queue_depth": depth,
             "dead_letter_depth": dead,
             "problems": [
-                {"user_id": uid, "state": _STATE_NAMES.get(state, str(state)),
-                 "attempts": attempts, "reason": reason}
+                {
+                    "user_id": uid,
+                    "state": _STATE_NAMES.get(state, str(state)),
+                    "attempts": attempts,
+                    "reason": reason,
+                }
                 for uid, state, attempts, reason in counts.problems
             ],
         }
@@ -413,8 +445,7 @@ def status(
         if counts.problems:
             table = Table("user", "state", "attempts", "reason", title="users not sent")
             for p in data["problems"]:
-                table.add_row(str(p["user_id"]), p["state"], str(p["attempts"]),
-                              p["reason"] or "")
+                table.add_row(str(p["user_id"]), p["state"], str(p["attempts"]), p["reason"] or "")
             stdout.print(table)
         return 0
 
@@ -455,8 +486,15 @@ def _progress(quiet: bool, title: str) -> Any:
         yield None
         return
     progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TaskProgressColumn(), _RateColumn(), TimeElapsedColumn(), TimeRemainingColumn(), console=stderr, transient=True,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        _RateColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=stderr,
+        transient=True,
     )
     with progress:
         yield _Bar(progress, progress.add_task(title, total=None))
@@ -479,4 +517,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

@@ -1,4 +1,4 @@
-"""Settings: one frozen dataclass, read from one injectable mapping (the only reader of os.environ)."""
+"""Settings: one frozen dataclass read from one injectable mapping; nothing else reads os.environ."""
 
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>[^@/\s]*)@")
+_USERINFO = re.compile(
+    r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>[^@/\s]*)@"
+)
 
 
 def mask_url(url: str) -> str:

@@ -127,12 +127,12 @@ class MySQLDatabase(Database):
 
 
 def _code(exc: BaseException) -> int | None:
-    args = getattr(exc, "args", ())
+    args: tuple[Any, ...] = tuple(getattr(exc, "args", ()))
     return args[0] if args and isinstance(args[0], int) else None
 
 
 def _describe(exc: BaseException) -> str:
-    args = getattr(exc, "args", ())
+    args: tuple[Any, ...] = tuple(getattr(exc, "args", ()))
     if len(args) >= 2 and isinstance(args[0], int):
         return f"({args[0]}) {args[1]}"
     return str(exc) or type(exc).__name__

@@ -16,9 +16,7 @@ from typing import Any
 
 _NAME = re.compile(r"^--\s*name:\s*([\w.-]+)\s*$", re.MULTILINE)
 # Quoted strings and comments are matched first so a ':' inside them is never a parameter.
-_TOKEN = re.compile(
-    r"'(?:[^']|'')*'|\"[^\"]*\"|`[^`]*`|--[^\n]*|(?<![:\w]):([A-Za-z_]\w*)(\*?)|%"
-)
+_TOKEN = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|`[^`]*`|--[^\n]*|(?<![:\w]):([A-Za-z_]\w*)(\*?)|%")
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,10 +145,40 @@ class Store:
                 "the user table is not empty: refusing to add demo users (use --force)"
             )
         rng = random.Random(seed)
-        first = ["Ada", "Grace", "Alan", "Edsger", "Barbara", "Ken", "Linus", "Margaret",
-                 "Dennis", "Frances", "Zoë", "José", "Chloé", "Søren", "Björk", "李"]
-        last = ["Lovelace", "Hopper", "Turing", "Dijkstra", "Liskov", "Thompson", "Torvalds",
-                "Hamilton", "Ritchie", "Allen", "Müller", "García", "O'Brien", "Nakamura"]
+        first = [
+            "Ada",
+            "Grace",
+            "Alan",
+            "Edsger",
+            "Barbara",
+            "Ken",
+            "Linus",
+            "Margaret",
+            "Dennis",
+            "Frances",
+            "Zoë",
+            "José",
+            "Chloé",
+            "Søren",
+            "Björk",
+            "李",
+        ]
+        last = [
+            "Lovelace",
+            "Hopper",
+            "Turing",
+            "Dijkstra",
+            "Liskov",
+            "Thompson",
+            "Torvalds",
+            "Hamilton",
+            "Ritchie",
+            "Allen",
+            "Müller",
+            "García",
+            "O'Brien",
+            "Nakamura",
+        ]
         inserted = 0
         batch: list[tuple[Any, ...]] = []
         start = await self.db.fetchval("any_user") or 0
@@ -163,9 +193,7 @@ class Store:
                 email = None
             else:
                 email = f"user{n}.{rng.randrange(10**6):06d}@example.com"
-            batch.append(
-                (rng.choice(first), rng.choice(last), email, born.isoformat(), status)
-            )
+            batch.append((rng.choice(first), rng.choice(last), email, born.isoformat(), status))
             if len(batch) == 1000:
                 inserted += await self.db.execute("insert_users", rows=batch)
                 batch = []
@@ -202,7 +230,12 @@ class Store:
             await self.db.execute("claim_new", rows=fresh)
         if len(fresh) < len(ids):
             await self.db.execute(
-                "claim_expired", job=self.job, year=year, ids=list(ids), me=me, until=until,
+                "claim_expired",
+                job=self.job,
+                year=year,
+                ids=list(ids),
+                me=me,
+                until=until,
                 now=now,
             )
         return await self.claims_of(year=year, ids=ids)
@@ -228,8 +261,15 @@ class Store:
         if not ids:
             return 0
         return await self.db.execute(
-            "finish", job=self.job, year=year, ids=list(ids), me=me, state=int(state),
-            error=error[:500] if error else None, queued=int(queued), now=now_ms(),
+            "finish",
+            job=self.job,
+            year=year,
+            ids=list(ids),
+            me=me,
+            state=int(state),
+            error=error[:500] if error else None,
+            queued=int(queued),
+            now=now_ms(),
         )
 
     async def release(self, *, year: int, ids: Sequence[int], me: str) -> int:

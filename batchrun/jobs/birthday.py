@@ -220,15 +220,20 @@ class Recorder:
             if self.enqueue and self.queue is not None:
                 queued = await self._enqueue(state, reason or "", tasks)
             await self.store.finish(
-                year=year, ids=ids, me=self.me, state=state, error=reason,
+                year=year,
+                ids=ids,
+                me=self.me,
+                state=state,
+                error=reason,
                 queued=queued or not self.enqueue,
             )
 
     async def _enqueue(self, state: State, reason: str, tasks: Sequence[Task]) -> bool:
         assert self.queue is not None
         bodies = [
-            QueueMessage("retry", JOB, str(self.month), user_id=t.user_id, attempt=1,
-                         reason=reason).to_json()
+            QueueMessage(
+                "retry", JOB, str(self.month), user_id=t.user_id, attempt=1, reason=reason
+            ).to_json()
             for t in tasks
         ]
         try:
@@ -237,8 +242,9 @@ class Recorder:
             else:
                 await self.queue.send(bodies)
         except QueueError as exc:
-            log.error("retry queue unreachable; %d failures stay in the ledger: %s",
-                      len(tasks), exc)
+            log.error(
+                "retry queue unreachable; %d failures stay in the ledger: %s", len(tasks), exc
+            )
             if self.summary is not None and state is State.RETRYING:
                 self.summary.not_queued += len(tasks)
             return False
@@ -279,7 +285,11 @@ class BirthdayJob:
     # -- the month ------------------------------------------------------------------------
 
     async def run(
-        self, month: Month, options: Options | None = None, *, dry_run: bool = False,
+        self,
+        month: Month,
+        options: Options | None = None,
+        *,
+        dry_run: bool = False,
         after: int = 0,
     ) -> Summary:
         """Run the month: every eligible user ends sent, skipped, failed or queued."""
@@ -292,11 +302,14 @@ class BirthdayJob:
             return summary
         assert self.mailer is not None and self.queue is not None
         me = uuid.uuid4().hex
-        recorder = Recorder(self.store, self.queue, month=month, me=me, summary=summary,
-                            enqueue=True)
+        recorder = Recorder(
+            self.store, self.queue, month=month, me=me, summary=summary, enqueue=True
+        )
         breaker = CircuitBreaker(self.settings.breaker_threshold)
         runner: Runner[Task] = Runner(
-            concurrency=options.concurrency, rate=options.rate, stop=self.stop,
+            concurrency=options.concurrency,
+            rate=options.rate,
+            stop=self.stop,
             on_progress=options.on_progress,
         )
         pager = _Pager(self, month, me, options, summary, runner, start_after=after)
@@ -314,8 +327,7 @@ class BirthdayJob:
                 )
                 summary.failed += len(leftover)
             elif leftover:
-                await self.store.release(year=month.year, ids=[t.user_id for t in leftover],
-                                         me=me)
+                await self.store.release(year=month.year, ids=[t.user_id for t in leftover], me=me)
                 summary.left_pending += len(leftover)
             if self.stop.stopping and summary.stopped is None:
                 summary.stopped = self.stop.reason or "stopped"
@@ -329,12 +341,13 @@ class BirthdayJob:
         summary.duration_s = time.monotonic() - started
         return summary
 
-    async def _dry_run(self, month: Month, options: Options, summary: Summary,
-                       after: int) -> None:
+    async def _dry_run(self, month: Month, options: Options, summary: Summary, after: int) -> None:
         """Count what a run would do; reads only."""
         while True:
             page = await self.store.eligible_page(
-                year=month.year, month=month.month, after=after,
+                year=month.year,
+                month=month.month,
+                after=after,
                 limit=_page_limit(options, summary.eligible),
             )
             if not page:
@@ -355,8 +368,9 @@ class BirthdayJob:
         try:
             await self.queue.send([body])
         except QueueError as exc:
-            log.error("could not hand the rest of %s on (%s); rerun `batchrun birthday`",
-                      month, exc)
+            log.error(
+                "could not hand the rest of %s on (%s); rerun `batchrun birthday`", month, exc
+            )
             return
         summary.continuation = True
 
@@ -370,7 +384,10 @@ class BirthdayJob:
                 log.warning("heartbeat failed: %s", exc)
 
     def _worker(
-        self, runner: Runner[Task], recorder: Recorder, summary: Summary,
+        self,
+        runner: Runner[Task],
+        recorder: Recorder,
+        summary: Summary,
         breaker: CircuitBreaker,
     ) -> Callable[[Task], Any]:
         mailer = self.mailer
@@ -388,8 +405,9 @@ class BirthdayJob:
 
         return work
 
-    async def _send(self, task: Task, runner: Runner[Task], breaker: CircuitBreaker,
-                    mailer: Mailer) -> Outcome:
+    async def _send(
+        self, task: Task, runner: Runner[Task], breaker: CircuitBreaker, mailer: Mailer
+    ) -> Outcome:
         if breaker.open:
             return Outcome(State.RETRYING, "mail backend unreachable (circuit breaker open)")
         try:
@@ -400,8 +418,10 @@ class BirthdayJob:
             return Outcome(State.FAILED, exc.reason)
         except MailConnectionError as exc:
             if breaker.failure():
-                log.error("mail backend unreachable after %d failures in a row; stopping",
-                          breaker.consecutive)
+                log.error(
+                    "mail backend unreachable after %d failures in a row; stopping",
+                    breaker.consecutive,
+                )
                 self.stop.request("mail backend unreachable")
             return Outcome(State.RETRYING, exc.reason)
         except TemporaryMailError as exc:
@@ -444,19 +464,29 @@ class BirthdayJob:
         if not candidates:
             return Prepared([], {}, [])
         claims = await self.store.claim(
-            year=month.year, month=month.month, ids=[c.user_id for c in candidates],
-            new_ids=[c.user_id for c in candidates if c.state is None], me=me,
+            year=month.year,
+            month=month.month,
+            ids=[c.user_id for c in candidates],
+            new_ids=[c.user_id for c in candidates if c.state is None],
+            me=me,
             lease_ms=self.lease_ms,
         )
         mine = [
-            c for c in candidates
-            if (claim := claims.get(c.user_id)) is not None and claim.owner == me
+            c
+            for c in candidates
+            if (claim := claims.get(c.user_id)) is not None
+            and claim.owner == me
             and claim.state not in FINAL_STATES
         ]
         invalid = [c.user_id for c in mine if not valid_address(c.email)]
         if invalid:
-            await self.store.finish(year=month.year, ids=invalid, me=me, state=State.SKIPPED,
-                                    error="invalid email address")
+            await self.store.finish(
+                year=month.year,
+                ids=invalid,
+                me=me,
+                state=State.SKIPPED,
+                error="invalid email address",
+            )
         valid = [c for c in mine if valid_address(c.email)]
         cards, created = await self.ensure_cards(month, valid)
         if summary is not None:
@@ -464,8 +494,14 @@ class BirthdayJob:
             summary.skipped += len(invalid)
             summary.cards_created += created
         tasks = [
-            Task(c.user_id, month.year, c.first_name or "", c.last_name or "", c.email,
-                 cards[c.user_id])
+            Task(
+                c.user_id,
+                month.year,
+                c.first_name or "",
+                c.last_name or "",
+                c.email,
+                cards[c.user_id],
+            )
             for c in valid
         ]
         return Prepared(tasks, claims, invalid)
@@ -483,11 +519,19 @@ class BirthdayJob:
         todo = list(users)
         for _ in range(5):  # a gift-code collision (80 bits) is retried with a fresh code
             fresh = {c.user_id: codes.new_code() for c in todo}
-            await self.store.insert_cards([
-                (c.email, self.settings.card_message, CARD_STATUS, scheduled,
-                 fresh[c.user_id], key_of[c.user_id])
-                for c in todo
-            ])
+            await self.store.insert_cards(
+                [
+                    (
+                        c.email,
+                        self.settings.card_message,
+                        CARD_STATUS,
+                        scheduled,
+                        fresh[c.user_id],
+                        key_of[c.user_id],
+                    )
+                    for c in todo
+                ]
+            )
             existing = await self.store.cards_by_key([key_of[c.user_id] for c in todo])
             missing = []
             for c in todo:
@@ -506,8 +550,9 @@ class BirthdayJob:
 
     # -- the retry queue ------------------------------------------------------------------
 
-    async def retry(self, options: Options | None = None, *, max_messages: int = 10_000
-                    ) -> RetrySummary:
+    async def retry(
+        self, options: Options | None = None, *, max_messages: int = 10_000
+    ) -> RetrySummary:
         """Drain the retry queue once: redo each user, delete successes, back off the rest."""
         options = options or Options()
         assert self.queue is not None and self.mailer is not None
@@ -519,8 +564,9 @@ class BirthdayJob:
             items: list[Received] = []
             want = min(max(options.concurrency, 10), max_messages - result.processed)
             while len(items) < want:
-                got = await self.queue.receive(max_messages=min(10, want - len(items)),
-                                               visibility_s=visibility)
+                got = await self.queue.receive(
+                    max_messages=min(10, want - len(items)), visibility_s=visibility
+                )
                 if not got:
                     break
                 items.extend(got)
@@ -544,18 +590,25 @@ class BirthdayJob:
             by_year: dict[int, list[int]] = {}
             bodies = []
             for job, year, month, user_id, attempts, error in rows:
-                bodies.append(QueueMessage(
-                    "retry", job, f"{int(year):04d}-{int(month):02d}", user_id=int(user_id),
-                    attempt=int(attempts), reason=error or "",
-                ).to_json())
+                bodies.append(
+                    QueueMessage(
+                        "retry",
+                        job,
+                        f"{int(year):04d}-{int(month):02d}",
+                        user_id=int(user_id),
+                        attempt=int(attempts),
+                        reason=error or "",
+                    ).to_json()
+                )
                 by_year.setdefault(int(year), []).append(int(user_id))
             await self.queue.send(bodies)
             for year, ids in by_year.items():
                 await self.store.mark_queued(year=year, ids=ids)
             total += len(rows)
 
-    async def _retry_batch(self, items: list[Received], options: Options,
-                           result: RetrySummary) -> None:
+    async def _retry_batch(
+        self, items: list[Received], options: Options, result: RetrySummary
+    ) -> None:
         assert self.queue is not None
         by_month: dict[Month, list[tuple[Received, QueueMessage]]] = {}
         for item in items:
@@ -569,8 +622,9 @@ class BirthdayJob:
                 continue
             if message.kind == "continuation":
                 log.info("continuing %s after user %d", message.month, message.after_id)
-                summary = await self.run(parse_month(message.month), options,
-                                         after=message.after_id)
+                summary = await self.run(
+                    parse_month(message.month), options, after=message.after_id
+                )
                 result.processed += 1
                 result.succeeded += summary.emails_sent
                 result.failed += summary.failed
@@ -581,7 +635,10 @@ class BirthdayJob:
             await self._retry_users(month, entries, options, result)
 
     async def _retry_users(
-        self, month: Month, entries: list[tuple[Received, QueueMessage]], options: Options,
+        self,
+        month: Month,
+        entries: list[tuple[Received, QueueMessage]],
+        options: Options,
         result: RetrySummary,
     ) -> None:
         assert self.queue is not None
@@ -597,29 +654,47 @@ class BirthdayJob:
                 gone.add(uid)  # deleted, deactivated or address removed: nothing to send
                 continue
             claim = before.get(uid)
-            candidates.append(Candidate(uid, row[1], row[2], row[3],
-                                        claim.state if claim else None,
-                                        claim.owner if claim else None,
-                                        claim.lease_until if claim else None))
+            candidates.append(
+                Candidate(
+                    uid,
+                    row[1],
+                    row[2],
+                    row[3],
+                    claim.state if claim else None,
+                    claim.owner if claim else None,
+                    claim.lease_until if claim else None,
+                )
+            )
         outcomes: dict[int, Outcome] = {}
         prepared = await self.prepare(month, me, candidates, None)
         tasks, claims = prepared.tasks, prepared.claims
         for uid in prepared.skipped:
             outcomes[uid] = Outcome(State.SKIPPED, "invalid email address")
         if tasks:
-            recorder = Recorder(self.store, self.queue, month=month, me=me, summary=None,
-                                enqueue=False)
-            runner: Runner[Task] = Runner(concurrency=options.concurrency, rate=options.rate,
-                                          stop=self.stop, on_progress=options.on_progress)
+            recorder = Recorder(
+                self.store, self.queue, month=month, me=me, summary=None, enqueue=False
+            )
+            runner: Runner[Task] = Runner(
+                concurrency=options.concurrency,
+                rate=options.rate,
+                stop=self.stop,
+                on_progress=options.on_progress,
+            )
             breaker = CircuitBreaker(self.settings.breaker_threshold)
             last_receive = {m.user_id: i.receive_count for i, m in entries}
+            mailer, max_receives = self.mailer, self.queue.max_receives
+            assert mailer is not None
 
             async def work(task: Task) -> None:
-                outcome = await self._send(task, runner, breaker, self.mailer)  # type: ignore[arg-type]
-                if (outcome.state is State.RETRYING
-                        and last_receive.get(task.user_id, 0) >= self.queue.max_receives):  # type: ignore[union-attr]
-                    outcome = Outcome(State.FAILED, f"gave up after "
-                                      f"{last_receive[task.user_id]} attempts: {outcome.reason}")
+                outcome = await self._send(task, runner, breaker, mailer)
+                if (
+                    outcome.state is State.RETRYING
+                    and last_receive.get(task.user_id, 0) >= max_receives
+                ):
+                    outcome = Outcome(
+                        State.FAILED,
+                        f"gave up after {last_receive[task.user_id]} attempts: {outcome.reason}",
+                    )
                 outcomes[task.user_id] = outcome
                 await recorder.record(task, outcome)
 
@@ -654,17 +729,31 @@ class BirthdayJob:
                 await self.queue.dead_letter(item, outcome.reason or "failed")
             else:
                 result.failed += 1
-                await self.queue.retry_later(item, backoff_s(
-                    item.receive_count, base_s=self.settings.retry_base_s,
-                    max_s=self.settings.retry_max_backoff_s))
+                await self.queue.retry_later(
+                    item,
+                    backoff_s(
+                        item.receive_count,
+                        base_s=self.settings.retry_base_s,
+                        max_s=self.settings.retry_max_backoff_s,
+                    ),
+                )
         await self.queue.delete(done)
 
 
 class _Pager:
     """The task source of a run: keyset pages, then the users other runs held."""
 
-    def __init__(self, job: BirthdayJob, month: Month, me: str, options: Options,
-                 summary: Summary, runner: Runner[Task], *, start_after: int) -> None:
+    def __init__(
+        self,
+        job: BirthdayJob,
+        month: Month,
+        me: str,
+        options: Options,
+        summary: Summary,
+        runner: Runner[Task],
+        *,
+        start_after: int,
+    ) -> None:
         self.job = job
         self.month = month
         self.me = me
@@ -683,8 +772,9 @@ class _Pager:
             if limit <= 0:
                 self.done = True
                 return
-            page = await store.eligible_page(year=month.year, month=month.month,
-                                             after=self.cursor, limit=limit)
+            page = await store.eligible_page(
+                year=month.year, month=month.month, after=self.cursor, limit=limit
+            )
             if not page:
                 break
             self.cursor = page[-1].user_id
@@ -713,9 +803,17 @@ class _Pager:
                 continue
             users = await store.users_by_id(takeable)
             candidates = [
-                Candidate(uid, r[1], r[2], r[3], claims[uid].state, claims[uid].owner,
-                          claims[uid].lease_until)
-                for uid, r in users.items() if r[4] == 10 and r[3] is not None
+                Candidate(
+                    uid,
+                    r[1],
+                    r[2],
+                    r[3],
+                    claims[uid].state,
+                    claims[uid].owner,
+                    claims[uid].lease_until,
+                )
+                for uid, r in users.items()
+                if r[4] == 10 and r[3] is not None
             ]
             self.foreign -= set(takeable)
             prepared = await self.job.prepare(month, self.me, candidates, self.summary)
@@ -734,8 +832,11 @@ class _Pager:
     def _note_foreign(self, claims: dict[int, Claim]) -> None:
         now = now_ms()
         for uid, claim in claims.items():
-            if (claim.owner not in (None, self.me) and claim.state == State.PENDING
-                    and (claim.lease_until or 0) >= now):
+            if (
+                claim.owner not in (None, self.me)
+                and claim.state == State.PENDING
+                and (claim.lease_until or 0) >= now
+            ):
                 self.foreign.add(uid)
 
 

@@ -139,6 +139,8 @@ def from_url(url: str, *, timeout: float = 10.0, pool_size: int = 4) -> Mailer:
         raise ConfigError(f"unusable {scheme}:// mail URL: {exc}") from None
     if scheme in ("smtp", "smtps"):
         return _smtp_from_parts(parts, scheme, timeout=timeout, pool_size=pool_size)
+    if scheme == "ses":
+        raise ConfigError("ses:// mail needs the AWS backends, not built yet")
     _reject_query(parts, scheme)
     if scheme == "file":
         # file://outbox is relative (the host part is the first path segment);
@@ -155,7 +157,7 @@ def from_url(url: str, *, timeout: float = 10.0, pool_size: int = 4) -> Mailer:
         from batchrun.mail.console import ConsoleMailer, DiscardMailer
 
         return ConsoleMailer() if scheme == "console" else DiscardMailer()
-    raise ConfigError("ses:// mail needs the AWS backends, not built yet")
+    raise AssertionError(f"scheme {scheme!r} is in SCHEMES but has no backend")
 
 
 def _reject_query(parts: SplitResult, scheme: str) -> None:
@@ -191,6 +193,10 @@ def _smtp_from_parts(parts: SplitResult, scheme: str, *, timeout: float, pool_si
             raise ConfigError(
                 f"unknown option {key!r} in {scheme}:// mail URL; accepted: starttls, pool, timeout"
             )
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ConfigError(f"mail timeout must be a positive number of seconds, not {timeout!r}")
+    if pool_size < 1:
+        raise ConfigError(f"mail pool size must be at least 1, not {pool_size!r}")
     if implicit_tls and start_tls:
         raise ConfigError("smtps:// is already TLS; starttls=1 applies to smtp:// only")
     if port is None:

@@ -6,7 +6,7 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
 
 from batchrun.errors import ConfigError
 from batchrun.urls import mask_url, scheme_of
@@ -57,13 +57,15 @@ class QueueMessage:
         if kind not in ("retry", "continuation"):
             raise PoisonMessage(f"unknown kind {kind!r}")
         job = body.get("job")
-        if job not in KNOWN_JOBS:
+        if not isinstance(job, str) or job not in KNOWN_JOBS:
             raise PoisonMessage(f"unknown job {job!r}")
         month = body.get("month")
+        if not isinstance(month, str):
+            raise PoisonMessage(f"bad month {month!r}")
         from batchrun.jobs.month import parse_month  # local: jobs imports this module
 
         try:
-            parse_month(month if isinstance(month, str) else "")
+            parse_month(month)
         except ValueError:
             raise PoisonMessage(f"bad month {month!r}") from None
         if kind == "retry":
@@ -74,15 +76,21 @@ class QueueMessage:
             if not _is_int(attempt) or attempt < 0:
                 raise PoisonMessage(f"bad attempt {attempt!r}")
             reason = body.get("reason", "")
-            return cls("retry", job, month, user_id=user_id, attempt=attempt,
-                       reason=reason if isinstance(reason, str) else "")
+            return cls(
+                "retry",
+                job,
+                month,
+                user_id=user_id,
+                attempt=attempt,
+                reason=reason if isinstance(reason, str) else "",
+            )
         after_id = body.get("after_id")
         if not _is_int(after_id) or after_id < 0:
             raise PoisonMessage(f"bad after_id {after_id!r}")
         return cls("continuation", job, month, after_id=after_id)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -132,7 +140,7 @@ class RetryQueue(Protocol):
 def backoff_s(receive_count: int, *, base_s: float, max_s: float) -> float:
     """Exponential backoff with full jitter in its upper half, for the n-th failed receive."""
     ceiling = min(max_s, base_s * 2 ** max(0, receive_count - 1))
-    return ceiling * random.uniform(0.5, 1.0)
+    return float(ceiling * random.uniform(0.5, 1.0))
 
 
 def from_url(url: str | None, *, db: Database, max_receives: int) -> RetryQueue:

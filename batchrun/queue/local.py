@@ -34,7 +34,10 @@ class LocalQueue:
         receipt = uuid.uuid4().hex
         now = now_ms()
         changed = await self.db.execute(
-            "queue_receive", receipt=receipt, until=now + int(visibility_s * 1000), now=now,
+            "queue_receive",
+            receipt=receipt,
+            until=now + int(visibility_s * 1000),
+            now=now,
             limit=max_messages,
         )
         if not changed:
@@ -48,7 +51,8 @@ class LocalQueue:
 
     async def retry_later(self, item: Received, delay_s: float) -> None:
         await self.db.execute(
-            "queue_change_visibility", id=int(item.message_id),
+            "queue_change_visibility",
+            id=int(item.message_id),
             visible_at=now_ms() + int(delay_s * 1000),
         )
 

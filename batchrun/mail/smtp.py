@@ -1,0 +1,280 @@
+"""SMTP backend: a small pool of persistent aiosmtplib connections, errors mapped to MailError."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+
+import aiosmtplib
+
+from batchrun.errors import (
+    MailConnectionError,
+    MailError,
+    PermanentMailError,
+    TemporaryMailError,
+)
+from batchrun.mail.base import Message
+
+log = logging.getLogger(__name__)
+
+# An idle connection older than this is probed with NOOP before reuse: servers drop idle
+# clients (Postfix after 300 s) and a silent drop is only noticed on the next command.
+IDLE_PROBE_AFTER_S = 30.0
+# QUIT at close is a courtesy; never let a dying server hold up shutdown for long.
+QUIT_TIMEOUT_S = 2.0
+# Server replies are echoed into reasons that end up in the ledger and on screen.
+MAX_REASON_CHARS = 300
+
+
+class SmtpMailer:
+    """Sends over SMTP, reusing at most ``pool_size`` connections opened on demand."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        use_tls: bool = False,
+        start_tls: bool | None = None,
+        timeout: float = 10.0,
+        pool_size: int = 4,
+        local_hostname: str | None = None,
+        tls_context: ssl.SSLContext | None = None,
+    ) -> None:
+        """Configure the pool; nothing connects until the first send.
+
+        Args:
+            host: SMTP server name or address.
+            port: SMTP server port.
+            username: login name, if the server needs AUTH.
+            password: login password; never logged nor put in an error.
+            use_tls: implicit TLS from the first byte (``smtps://``, usually port 465).
+            start_tls: True requires STARTTLS, False never uses it, None upgrades when
+                the server offers it (aiosmtplib's default).
+            timeout: bound in seconds on connecting (greeting, EHLO, TLS, AUTH together)
+                and on sending one message.
+            pool_size: most connections open at once.
+            local_hostname: name sent in EHLO; default is this machine's FQDN.
+            tls_context: custom TLS settings, e.g. a private CA.
+        """
+        if pool_size < 1:
+            raise ValueError("pool_size must be at least 1")
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self.pool_size = pool_size
+        self._username = username
+        self._password = password
+        self._use_tls = use_tls
+        self._start_tls = start_tls
+        self._local_hostname = local_hostname
+        self._tls_context = tls_context
+        # Invariant: every open connection is either in _idle or held by exactly one task
+        # inside _slots, and a new one is opened only when _idle is empty, so at most
+        # pool_size connections are ever open.
+        self._slots = asyncio.Semaphore(pool_size)
+        self._idle: list[tuple[aiosmtplib.SMTP, float]] = []  # (client, idle since)
+        self._open: set[aiosmtplib.SMTP] = set()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        user = f"{self._username}:***@" if self._username is not None else ""
+        return f"SmtpMailer({user}{self.host}:{self.port}, pool_size={self.pool_size})"
+
+    @property
+    def open_connections(self) -> int:
+        """How many connections are open now (idle or sending)."""
+        return len(self._open)
+
+    async def send(self, message: Message) -> None:
+        """Send one message on a pooled connection.
+
+        Raises:
+            TemporaryMailError: a 4xx reply; worth retrying later.
+            MailConnectionError: the server is unreachable, hung up, timed out or
+                refused the session (421, greeting, AUTH, sender).
+            PermanentMailError: a 5xx reply for the recipient or the content, or an
+                address that cannot be sent.
+        """
+        if self._closed:
+            raise MailConnectionError("SMTP mailer is closed")
+        try:
+            email_message = message.to_email()
+        except ValueError as exc:
+            raise PermanentMailError(f"message cannot be built: {exc}") from exc
+        async with self._slots:
+            if self._closed:  # closed while this send waited for a slot
+                raise MailConnectionError("SMTP mailer is closed")
+            client = await self._checkout()
+            reusable = False
+            try:
+                async with asyncio.timeout(self.timeout):
+                    await client.send_message(
+                        email_message,
+                        sender=message.envelope_sender,
+                        recipients=[message.to_addr],
+                    )
+                reusable = True
+            except aiosmtplib.SMTPResponseException as exc:
+                # aiosmtplib already sent RSET, and closed the client on a 421; a client
+                # still connected is clean for the next message.
+                reusable = client.is_connected
+                raise self._reply_error(exc) from exc
+            except aiosmtplib.SMTPRecipientsRefused as exc:
+                reusable = client.is_connected
+                raise self._reply_error(exc.recipients[0]) from exc
+            except (aiosmtplib.SMTPNotSupported, ValueError) as exc:
+                # Checked before MAIL FROM (e.g. a non-ASCII address without SMTPUTF8),
+                # so the session has no open transaction.
+                reusable = client.is_connected
+                raise PermanentMailError(
+                    self._scrub(f"cannot send to this address: {exc}")
+                ) from exc
+            except TimeoutError as exc:
+                raise MailConnectionError(
+                    f"SMTP {self.host}:{self.port} timed out after {self.timeout:g} s"
+                ) from exc
+            except (aiosmtplib.SMTPException, OSError) as exc:
+                raise MailConnectionError(
+                    self._scrub(f"SMTP {self.host}:{self.port}: {exc}")
+                ) from exc
+            finally:
+                self._checkin(client, reusable)
+
+    async def close(self) -> None:
+        """Say QUIT on idle connections and close them; later sends fail."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        await asyncio.gather(*(self._quit(client) for client, _ in idle))
+        # Connections still sending are closed by _checkin when their task finishes.
+
+    async def _checkout(self) -> aiosmtplib.SMTP:
+        """Return a live pooled connection, or open a new one (caller holds a slot)."""
+        while self._idle:
+            client, since = self._idle.pop()  # LIFO: the warmest connection first
+            if not client.is_connected:
+                self._discard(client)
+                continue
+            if time.monotonic() - since > IDLE_PROBE_AFTER_S:
+                try:
+                    await client.noop(timeout=self.timeout)
+                except (aiosmtplib.SMTPException, OSError):
+                    self._discard(client)
+                    continue
+                except BaseException:
+                    self._discard(client)  # cancelled mid-probe: its state is unknown
+                    raise
+            return client
+        return await self._connect()
+
+    def _checkin(self, client: aiosmtplib.SMTP, reusable: bool) -> None:
+        """Return a connection to the pool, or close it if its state is unknown."""
+        if reusable and client.is_connected and not self._closed:
+            self._idle.append((client, time.monotonic()))
+        else:
+            self._discard(client)
+
+    def _discard(self, client: aiosmtplib.SMTP) -> None:
+        """Close a connection without QUIT (it is broken or mid-transaction)."""
+        client.close()
+        if client in self._open:
+            self._open.discard(client)
+            log.debug("closed SMTP connection to %s:%d", self.host, self.port)
+
+    async def _connect(self) -> aiosmtplib.SMTP:
+        """Open, greet, secure and log in one connection within ``timeout``."""
+        client = aiosmtplib.SMTP(
+            hostname=self.host,
+            port=self.port,
+            username=self._username,
+            password=self._password,
+            use_tls=self._use_tls,
+            start_tls=self._start_tls,
+            timeout=self.timeout,
+            local_hostname=self._local_hostname,
+            tls_context=self._tls_context,
+        )
+        where = f"SMTP {self.host}:{self.port}"
+        try:
+            async with asyncio.timeout(self.timeout):
+                await client.connect()
+        except aiosmtplib.SMTPAuthenticationError as exc:
+            client.close()
+            raise MailConnectionError(
+                self._scrub(f"{where} refused the login: {_describe(exc.code, exc.message)}")
+            ) from None
+        except aiosmtplib.SMTPResponseException as exc:
+            client.close()
+            raise MailConnectionError(
+                self._scrub(f"{where} refused the session: {_describe(exc.code, exc.message)}")
+            ) from exc
+        except TimeoutError as exc:
+            client.close()
+            raise MailConnectionError(f"{where} did not answer within {self.timeout:g} s") from exc
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            client.close()
+            raise MailConnectionError(
+                self._scrub(f"{where}: cannot connect: {_cause(exc)}")
+            ) from exc
+        except BaseException:
+            client.close()
+            raise
+        self._open.add(client)
+        log.debug(
+            "opened SMTP connection to %s:%d (%d of %d)",
+            self.host,
+            self.port,
+            len(self._open),
+            self.pool_size,
+        )
+        return client
+
+    async def _quit(self, client: aiosmtplib.SMTP) -> None:
+        """Close one idle connection politely, giving up quickly."""
+        try:
+            if client.is_connected:
+                await client.quit(timeout=min(self.timeout, QUIT_TIMEOUT_S))
+        except (aiosmtplib.SMTPException, OSError):
+            pass  # the server is going away anyway; closing below is what matters
+        finally:
+            self._discard(client)
+
+    def _reply_error(self, exc: aiosmtplib.SMTPResponseException) -> MailError:
+        """Map an SMTP error reply to the MailError it means for this message."""
+        reason = self._scrub(_describe(exc.code, exc.message))
+        if exc.code == 421:
+            # The server is closing the channel: a connection-level failure.
+            return MailConnectionError(reason)
+        if isinstance(exc, aiosmtplib.SMTPSenderRefused) and exc.code >= 500:
+            # A refused sender fails every message alike (misconfigured --from or
+            # relay): treat it as the backend being unusable, never as the user's fault.
+            return MailConnectionError(f"sender refused: {reason}")
+        if 400 <= exc.code < 500:
+            return TemporaryMailError(reason)
+        if 500 <= exc.code < 600:
+            return PermanentMailError(reason)
+        return TemporaryMailError(f"unexpected reply {reason}")
+
+    def _scrub(self, text: str) -> str:
+        """Remove the password from text that may echo what the server saw."""
+        if self._password:
+            text = text.replace(self._password, "***")
+        return text
+
+
+def _describe(code: int, message: str) -> str:
+    """Render a reply as one short line, e.g. ``451 4.3.0 try later``."""
+    line = " ".join(f"{code} {message}".split())
+    return line[:MAX_REASON_CHARS]
+
+
+def _cause(exc: BaseException) -> str:
+    """Name a connection failure in a few words (refused, reset, TLS ...)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:MAX_REASON_CHARS]

@@ -1,0 +1,253 @@
+"""Fixtures: real servers started once per session, clean state handed out per test.
+
+MySQL: the server named by BATCHRUN_TEST_MYSQL_URL (default: MariaDB on 127.0.0.1:3306,
+root, empty password). Each test gets its own database, dropped afterwards. Without a
+server the MySQL tests are skipped with one line saying how to run them; under CI
+(CI=true) an unreachable server fails the run instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pymysql
+import pytest
+from smtp_server import SmtpTestServer
+
+from batchrun.db import Store, connect
+from batchrun.db.sqlite import sqlite_path
+from batchrun.jobs.birthday import BirthdayJob
+from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.queue.base import from_url as queue_from_url
+from batchrun.settings import Settings
+
+MYSQL_URL = os.environ.get("BATCHRUN_TEST_MYSQL_URL", "mysql://root:@127.0.0.1:3306/")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _mysql_connect(database: str | None = None) -> pymysql.connections.Connection[Any]:
+    parts = urlsplit(MYSQL_URL)
+    return pymysql.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=parts.username or "root",
+        password=parts.password or "",
+        database=database,
+        autocommit=True,
+        connect_timeout=5,
+        charset="utf8mb4",
+    )
+
+
+@pytest.fixture(scope="session")
+def mysql_server() -> str:
+    """The server's base URL; skips (or fails under CI) when it cannot be reached."""
+    try:
+        _mysql_connect().close()
+    except pymysql.err.MySQLError as exc:
+        message = (
+            f"MySQL not reachable at {MYSQL_URL} ({exc}); start MariaDB or set "
+            "BATCHRUN_TEST_MYSQL_URL to run the MySQL tests"
+        )
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    return MYSQL_URL
+
+
+@pytest.fixture
+def mysql_url(mysql_server: str) -> Iterator[str]:
+    """A fresh, empty database for this test."""
+    name = f"batchrun_t_{uuid.uuid4().hex[:12]}"
+    conn = _mysql_connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        parts = urlsplit(mysql_server)
+        yield f"mysql://{parts.netloc}/{name}"
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'batchrun.db'}"
+
+
+@pytest.fixture(params=["sqlite", "mysql"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """The same test against a SQLite file and a real MySQL/MariaDB database."""
+    return str(request.getfixturevalue(f"{request.param}_url"))
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:
+    """A migrated, empty store."""
+    database = await connect(db_url, create=True)
+    s = Store(database)
+    await s.migrate()
+    try:
+        yield s
+    finally:
+        await database.close()
+
+
+@pytest.fixture(scope="session")
+def smtp_server_session() -> Iterator[SmtpTestServer]:
+    with SmtpTestServer() as server:
+        yield server
+
+
+@pytest.fixture
+def smtp_server(smtp_server_session: SmtpTestServer) -> SmtpTestServer:
+    smtp_server_session.reset()
+    return smtp_server_session
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path) -> Callable[..., Settings]:
+    """Settings for a test: short leases and backoffs so waits stay short."""
+
+    def make(db_url: str, **overrides: Any) -> Settings:
+        base = Settings(
+            db_url=db_url,
+            mail_url=f"file://{tmp_path / 'outbox'}",
+            lease_s=2.0,
+            retry_base_s=0.0,
+            mail_timeout_s=2.0,
+            sender="birthday@example.com",
+        )
+        return base.with_overrides(**overrides)
+
+    return make
+
+
+@pytest.fixture
+async def make_job(
+    make_settings: Callable[..., Settings],
+) -> AsyncIterator[Callable[..., Any]]:
+    """Factory: ``await make_job(db_url, mail_url=...)`` -> a BirthdayJob on its own pool."""
+    opened: list[Any] = []
+
+    async def make(db_url: str, **overrides: Any) -> BirthdayJob:
+        settings = make_settings(db_url, **overrides)
+        database = await connect(settings.db_url, pool_size=4)
+        mailer = mailer_from_url(settings.mail_url, timeout=settings.mail_timeout_s, pool_size=8)
+        queue = queue_from_url(
+            settings.retry_queue_url, db=database, max_receives=settings.max_receives
+        )
+        opened.append((database, mailer))
+        return BirthdayJob(Store(database), mailer, queue, settings)
+
+    yield make
+    for database, mailer in opened:
+        await mailer.close()
+        await database.close()
+
+
+def table_digest(db_url: str, tables: list[str] | None = None) -> dict[str, str]:
+    """A digest of every row of every table (not CHECKSUM TABLE: see DESIGN.md's traps)."""
+    digests: dict[str, str] = {}
+    if db_url.startswith("sqlite"):
+        conn = sqlite3.connect(sqlite_path(db_url))
+        try:
+            names = tables or [
+                r[0]
+                for r in conn.execute(
+                    "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name"
+                )
+            ]
+            for name in names:
+                rows = conn.execute(f'SELECT * FROM "{name}" ORDER BY 1').fetchall()
+                digests[name] = hashlib.sha256(repr(rows).encode()).hexdigest()
+        finally:
+            conn.close()
+        return digests
+    conn = _mysql_connect(urlsplit(db_url).path.lstrip("/"))
+    try:
+        with conn.cursor() as cur:
+            if tables is None:
+                cur.execute("SHOW TABLES")
+                tables = sorted(r[0] for r in cur.fetchall())
+            for name in tables:
+                cur.execute(f"SELECT * FROM `{name}` ORDER BY 1")
+                digests[name] = hashlib.sha256(repr(cur.fetchall()).encode()).hexdigest()
+    finally:
+        conn.close()
+    return digests
+
+
+def query(db_url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
+    """Run one inspection query synchronously (tests only)."""
+    if db_url.startswith("sqlite"):
+        conn = sqlite3.connect(sqlite_path(db_url))
+        try:
+            rows = [tuple(r) for r in conn.execute(sql.replace("%s", "?"), args).fetchall()]
+            conn.commit()
+            return rows
+        finally:
+            conn.close()
+    conn = _mysql_connect(urlsplit(db_url).path.lstrip("/"))
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql, args or None)
+            return [tuple(r) for r in cur.fetchall()]
+    finally:
+        conn.close()
+
+
+async def seed(store: Store, count: int, *, seed: int = 7) -> None:
+    await store.seed_users(count, seed=seed)
+
+
+def eligible_ids(db_url: str, month: int) -> set[int]:
+    """Users the job must reach: active, born in the month, with an address."""
+    rows = query(
+        db_url,
+        "SELECT id FROM user WHERE birth_month = %s AND status = 10 AND email IS NOT NULL",
+        month,
+    )
+    return {int(r[0]) for r in rows}
+
+
+def card_counts(db_url: str, year: int) -> dict[int, int]:
+    """user id -> number of this job's cards for ``year``."""
+    rows = query(
+        db_url,
+        "SELECT idempotency_key FROM gift_card WHERE idempotency_key LIKE %s",
+        f"birthday:{year}:%",
+    )
+    counts: dict[int, int] = {}
+    for (key,) in rows:
+        uid = int(str(key).rsplit(":", 1)[1])
+        counts[uid] = counts.get(uid, 0) + 1
+    return counts
+
+
+def run_cli(
+    *args: str, env: dict[str, str], timeout: float = 60, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m batchrun`` in a subprocess with ``env`` added to a clean environment."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")}
+    full.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "batchrun", *args],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
+        cwd=ROOT,
+    )

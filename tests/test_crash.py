@@ -1,0 +1,81 @@
+"""A run killed with SIGKILL mid-way, then rerun, completes the month exactly once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+from conftest import ROOT, card_counts, eligible_ids, query, run_cli
+from smtp_server import SmtpTestServer
+
+from batchrun.mail.base import valid_address
+
+CONCURRENCY = 10
+
+
+def _env(db_url: str, smtp_server: SmtpTestServer) -> dict[str, str]:
+    return {
+        "BATCHRUN_DB": db_url,
+        "BATCHRUN_MAIL": smtp_server.url,
+        "BATCHRUN_FROM": "birthday@example.com",
+        "BATCHRUN_LEASE_S": "2",
+    }
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_rerun_sends_everyone_once(
+    db_url: str,
+    smtp_server: SmtpTestServer,
+) -> None:
+    env = _env(db_url, smtp_server)
+    assert run_cli("db", "migrate", env=env).returncode == 0
+    assert run_cli("db", "seed", "--users", "4000", "--seed", "21", env=env).returncode == 0
+    emails = dict(query(db_url, "SELECT id, email FROM user WHERE birth_month = 6"))
+    want = {uid for uid in eligible_ids(db_url, 6) if valid_address(emails[uid])}
+
+    smtp_server.set_latency(0.01)  # slow enough that the kill lands mid-month
+    full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")} | env
+    victim = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "batchrun",
+            "birthday",
+            "--month",
+            "2025-06",
+            "--concurrency",
+            str(CONCURRENCY),
+            "--json",
+        ],
+        env=full,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        smtp_server.wait_for_messages(len(want) // 4, timeout=60)
+    finally:
+        victim.kill()  # SIGKILL: no cleanup, claims left behind
+        _, err = victim.communicate(timeout=10)
+    sent_before = len(smtp_server.messages)
+    assert 0 < sent_before < len(want), f"the kill should land mid-month: {err.decode()}"
+
+    smtp_server.set_latency(0)
+    started = time.monotonic()
+    rerun = run_cli("birthday", "--month", "2025-06", "--json", env=env, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr
+    assert time.monotonic() - started < 60
+
+    assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
+    per_user = Counter(
+        int(str(m).strip("<>").split("@")[0].split(".")[2]) for m in smtp_server.message_ids()
+    )
+    assert set(per_user) == want, "every eligible user got the email"
+    duplicates = sum(n - 1 for n in per_user.values())
+    assert duplicates <= CONCURRENCY, "duplicates only from the in-flight window"
+    status = run_cli("status", "--month", "2025-06", "--json", env=env)
+    assert '"pending": 0' in status.stdout

@@ -1,0 +1,192 @@
+"""One store suite, run against a SQLite file and a real MySQL/MariaDB database."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from conftest import query
+
+from batchrun import codes
+from batchrun.db import Store, connect
+from batchrun.db.store import State, now_ms
+from batchrun.jobs.birthday import BirthdayJob
+from batchrun.jobs.month import Month
+from batchrun.queue.local import LocalQueue
+from batchrun.settings import Settings
+
+
+async def test_migrate_twice_applies_nothing_new(store: Store) -> None:
+    assert await store.migrate() == []
+    await store.check_migrated()
+
+
+async def test_eligible_page_is_a_keyset_over_the_month(store: Store, db_url: str) -> None:
+    await store.seed_users(3000, seed=11)
+    expected = sorted(
+        int(r[0])
+        for r in query(
+            db_url,
+            "SELECT id FROM user WHERE birth_month = 6 AND status = 10 AND email IS NOT NULL",
+        )
+    )
+    seen: list[int] = []
+    after = 0
+    while page := await store.eligible_page(year=2025, month=6, after=after, limit=37):
+        assert len(page) <= 37
+        seen.extend(c.user_id for c in page)
+        after = page[-1].user_id
+    assert seen == expected
+    assert len(expected) > 100
+
+
+async def test_claims_partition_users_between_two_owners(store: Store) -> None:
+    await store.seed_users(200, seed=1)
+    ids = list(range(1, 101))
+    first, second = await asyncio.gather(
+        store.claim(year=2025, month=1, ids=ids, new_ids=ids, me="a" * 32, lease_ms=60_000),
+        store.claim(year=2025, month=1, ids=ids, new_ids=ids, me="b" * 32, lease_ms=60_000),
+    )
+    assert first == second  # both read the same final owners
+    owners = {c.owner for c in first.values()}
+    assert owners <= {"a" * 32, "b" * 32}
+    assert len(first) == 100
+
+
+async def test_expired_lease_is_taken_over_and_a_live_one_is_not(store: Store) -> None:
+    await store.seed_users(10, seed=1)
+    ids = [1, 2, 3]
+    await store.claim(year=2025, month=1, ids=ids, new_ids=ids, me="dead", lease_ms=-1)
+    await store.claim(year=2025, month=1, ids=[4], new_ids=[4], me="alive", lease_ms=60_000)
+    claims = await store.claim(
+        year=2025, month=1, ids=[1, 2, 3, 4], new_ids=[], me="me", lease_ms=60_000
+    )
+    assert {uid: c.owner for uid, c in claims.items()} == {1: "me", 2: "me", 3: "me", 4: "alive"}
+
+
+async def test_only_the_owner_finishes_and_final_states_are_never_reclaimed(
+    store: Store,
+) -> None:
+    await store.seed_users(10, seed=1)
+    await store.claim(year=2025, month=1, ids=[1, 2], new_ids=[1, 2], me="a", lease_ms=-1)
+    assert await store.finish(year=2025, ids=[1, 2], me="b", state=State.SENT) == 0
+    assert await store.finish(year=2025, ids=[1], me="a", state=State.SENT) == 1
+    claims = await store.claim(year=2025, month=1, ids=[1, 2], new_ids=[], me="b", lease_ms=60_000)
+    assert claims[1].state == State.SENT and claims[1].owner is None
+    assert claims[2].owner == "b"
+
+
+async def test_heartbeat_extends_and_release_lets_go(store: Store) -> None:
+    await store.seed_users(5, seed=1)
+    await store.claim(year=2025, month=1, ids=[1, 2], new_ids=[1, 2], me="a", lease_ms=10)
+    assert await store.heartbeat(me="a", lease_ms=60_000) == 2
+    claims = await store.claims_of(year=2025, ids=[1, 2])
+    assert all((c.lease_until or 0) > now_ms() + 50_000 for c in claims.values())
+    await store.release(year=2025, ids=[1], me="a")
+    claims = await store.claims_of(year=2025, ids=[1, 2])
+    assert claims[1].owner is None and claims[2].owner == "a"
+
+
+async def test_cards_are_created_once_per_idempotency_key(store: Store) -> None:
+    row = ("x@example.com", "hi", 1, "2025-06-01 00:00:00")
+    await store.insert_cards([(*row, "A" * 16, "birthday:2025:1")])
+    await store.insert_cards(
+        [(*row, "B" * 16, "birthday:2025:1"), (*row, "C" * 16, "birthday:2025:2")]
+    )
+    assert await store.cards_by_key(["birthday:2025:1", "birthday:2025:2"]) == {
+        "birthday:2025:1": "A" * 16,
+        "birthday:2025:2": "C" * 16,
+    }
+
+
+async def test_gift_code_collision_is_retried_with_a_fresh_code(
+    store: Store,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await store.seed_users(50, seed=1)
+    taken = "TAKEN0TAKEN0TAKE"
+    await store.insert_cards([("x@example.com", "hi", 1, "2025-06-01 00:00:00", taken, "other:1")])
+    fresh = iter([taken, *[codes.new_code() for _ in range(10)]])
+    monkeypatch.setattr(codes, "new_code", lambda: next(fresh))
+    job = BirthdayJob(store, None, None, Settings(db_url=db_url))
+    page = await store.eligible_page(year=2025, month=6, after=0, limit=1)
+    cards, created = await job.ensure_cards(Month(2025, 6), page)
+    assert created == 1
+    assert cards[page[0].user_id] != taken
+    assert len(cards[page[0].user_id]) == 16
+
+
+async def test_status_counts_follow_the_ledger(store: Store) -> None:
+    await store.seed_users(2000, seed=5)
+    page = await store.eligible_page(year=2025, month=3, after=0, limit=5000)
+    ids = [c.user_id for c in page]
+    await store.claim(year=2025, month=3, ids=ids, new_ids=ids, me="m", lease_ms=60_000)
+    await store.finish(year=2025, ids=ids[:3], me="m", state=State.SENT)
+    await store.finish(year=2025, ids=ids[3:4], me="m", state=State.SKIPPED, error="bad")
+    await store.finish(year=2025, ids=ids[4:5], me="m", state=State.FAILED, error="550")
+    await store.finish(year=2025, ids=ids[5:6], me="m", state=State.RETRYING, error="451")
+    status = await store.status(year=2025, month=3)
+    assert (status.emails_sent, status.skipped, status.failed_permanent, status.retrying) == (
+        3,
+        1,
+        1,
+        1,
+    )
+    assert status.pending == len(ids) - 5  # retrying still counts as pending
+    assert {p[0] for p in status.problems} == set(ids[3:6])
+
+
+# -- the local retry queue ------------------------------------------------------------------
+
+
+@pytest.fixture
+def queue(store: Store) -> LocalQueue:
+    return LocalQueue(store.db, max_receives=3)
+
+
+async def test_queue_hides_received_messages_until_visibility_expires(
+    queue: LocalQueue,
+) -> None:
+    await queue.send(["a", "b", "c"])
+    got = await queue.receive(max_messages=2, visibility_s=60)
+    assert [g.body for g in got] == ["a", "b"]
+    assert all(g.receive_count == 1 for g in got)
+    rest = await queue.receive(max_messages=10, visibility_s=60)
+    assert [g.body for g in rest] == ["c"]
+    assert await queue.receive(max_messages=10, visibility_s=60) == []
+    await queue.retry_later(got[0], 0)
+    again = await queue.receive(max_messages=10, visibility_s=60)
+    assert [(g.body, g.receive_count) for g in again] == [("a", 2)]
+    await queue.delete([*again, got[1], *rest])
+    assert await queue.depths() == (0, 0)
+
+
+async def test_queue_dead_letters_and_counts(queue: LocalQueue) -> None:
+    await queue.send(["x"])
+    await queue.send_dead([("y", "550 no such user")])
+    (item,) = await queue.receive(max_messages=10, visibility_s=60)
+    await queue.dead_letter(item, "poison")
+    assert await queue.depths() == (0, 2)
+    assert await queue.receive(max_messages=10, visibility_s=0) == []
+
+
+async def test_two_consumers_never_receive_the_same_message(db_url: str, store: Store) -> None:
+    await LocalQueue(store.db).send([f"m{i}" for i in range(200)])
+    databases = [await connect(db_url, pool_size=2) for _ in range(3)]
+    try:
+        queues = [LocalQueue(d) for d in databases]
+
+        async def drain(q: LocalQueue) -> list[str]:
+            bodies: list[str] = []
+            while got := await q.receive(max_messages=7, visibility_s=60):
+                bodies.extend(g.body for g in got)
+            return bodies
+
+        results: list[Any] = await asyncio.gather(*(drain(q) for q in queues))
+    finally:
+        for d in databases:
+            await d.close()
+    everything = [b for r in results for b in r]
+    assert sorted(everything) == sorted(f"m{i}" for i in range(200))
