@@ -79,3 +79,55 @@ def test_sigkill_mid_run_then_rerun_sends_everyone_once(
     assert duplicates <= CONCURRENCY, "duplicates only from the in-flight window"
     status = run_cli("status", "--month", "2025-06", "--json", env=env)
     assert '"pending": 0' in status.stdout
+
+
+@pytest.mark.slow
+def test_sigterm_stops_gracefully_and_the_next_run_finishes_at_once(
+    sqlite_url: str,
+    smtp_server: SmtpTestServer,
+) -> None:
+    env = _env(sqlite_url, smtp_server) | {"BATCHRUN_LEASE_S": "30"}
+    assert run_cli("db", "migrate", env=env).returncode == 0
+    assert run_cli("db", "seed", "--users", "3000", "--seed", "22", env=env).returncode == 0
+    emails = dict(query(sqlite_url, "SELECT id, email FROM user WHERE birth_month = 6"))
+    want = {uid for uid in eligible_ids(sqlite_url, 6) if valid_address(emails[uid])}
+
+    smtp_server.set_latency(0.02)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")} | env
+    run = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "batchrun",
+            "birthday",
+            "--month",
+            "2025-06",
+            "--concurrency",
+            str(CONCURRENCY),
+            "--json",
+        ],
+        env=full,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    smtp_server.wait_for_messages(20, timeout=60)
+    run.terminate()  # SIGTERM: finish in-flight users, leave the rest pending
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    assert "left pending" in err
+    sent = len(smtp_server.messages)
+    assert 0 < sent < len(want)
+
+    # Claims were released, not left to expire: the 30 s lease is not waited for.
+    smtp_server.set_latency(0)
+    started = time.monotonic()
+    rerun = run_cli("birthday", "--month", "2025-06", "--json", env=env)
+    assert rerun.returncode == 0, rerun.stderr
+    assert time.monotonic() - started < 20
+    per_user = Counter(
+        int(str(m).strip("<>").split("@")[0].split(".")[2]) for m in smtp_server.message_ids()
+    )
+    assert per_user == Counter(dict.fromkeys(want, 1)), "a graceful stop duplicates nothing"
+    assert out.strip().startswith("{")
