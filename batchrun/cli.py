@@ -45,6 +45,11 @@ from batchrun.queue.base import from_url as queue_from_url
 from batchrun.settings import Settings
 from batchrun.urls import mask_text
 
+try:  # typer 0.2x vendors click; older releases use click itself
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]
+
 T = TypeVar("T")
 log = logging.getLogger("batchrun")
 
@@ -512,8 +517,19 @@ def _table(title: str, data: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app(prog_name="batchrun")
+    """Console-script entry point: usage errors as one line, exit 2."""
+    try:
+        code = app(prog_name="batchrun", standalone_mode=False)
+    except click_exceptions.NoArgsIsHelpError as exc:
+        exc.show()  # the help screen, as typer shows it
+        sys.exit(exc.exit_code)
+    except click_exceptions.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "batchrun"
+        print(f"error: {exc.format_message()} (see `{where} --help`)", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,7 +1,8 @@
-"""Settings: one frozen dataclass read from one injectable mapping; nothing else reads os.environ."""
+"""Settings: one frozen dataclass read from an injectable mapping; nothing else reads os.environ."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -22,8 +23,8 @@ def _float(env: Mapping[str, str], key: str, default: float, *, minimum: float =
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{key} must be a number, got {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(f"{key} must be at least {minimum:g}, got {raw!r}")
+    if not math.isfinite(value) or value < minimum:
+        raise ConfigError(f"{key} must be a finite number of at least {minimum:g}, got {raw!r}")
     return value
 
 

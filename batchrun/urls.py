@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-_USERINFO = re.compile(
-    r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>[^@/\s]*)@"
-)
+# The password runs to the LAST '@' of the URL (as urlsplit and the drivers read it), so a
+# raw '@' inside a password is masked too; masking too much is the safe way to be wrong.
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>\S*)@")
+_MIN_SECRET = 4  # shorter "passwords" would garble every message they appear in
 
 
 def mask_url(url: str) -> str:
@@ -20,10 +21,10 @@ def mask_text(text: str, *urls: str | None) -> str:
     for url in urls:
         if not url:
             continue
-        password = split(url).password
-        if password:
-            text = text.replace(password, "***")
         text = text.replace(url, mask_url(url))
+        password = split(url).password
+        if password and len(password) >= _MIN_SECRET:
+            text = text.replace(password, "***")
     return text
 
 

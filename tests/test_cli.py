@@ -244,11 +244,6 @@ def test_bad_number_in_environment_is_usage_error(env: dict[str, str], db_file: 
     assert not db_file.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="settings.py _int: BATCHRUN_MAX_RECEIVES=nan raises a raw ValueError from "
-    "int(nan), which the CLI does not catch (exit 1 with a traceback, not exit 2)",
-)
 def test_non_finite_number_in_environment_is_usage_error(env: dict[str, str]) -> None:
     result = invoke("status", env={**env, "BATCHRUN_MAX_RECEIVES": "nan"})
     assert_clean_failure(result, 2)
@@ -323,11 +318,6 @@ def test_dropped_batchrun_table(
     assert outbox_files(outbox) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="db/store.py Store.migrate trusts batchrun_schema: a dropped batchrun table is "
-    "never recreated, so the hint `run batchrun db migrate` does not repair it",
-)
 @pytest.mark.parametrize("table", ["batchrun_task", "batchrun_queue"])
 def test_migrate_repairs_a_dropped_batchrun_table(
     table: str, db_url: str, env: dict[str, str]
@@ -358,11 +348,6 @@ def test_unreachable_mysql_hides_password(env: dict[str, str], db_file: Path) ->
     assert not db_file.exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="urls.py mask_url stops the password at the first '@' (urlsplit and the driver "
-    "use the last): part of a password holding '@' is printed",
-)
 def test_unreachable_mysql_hides_password_with_at_sign(env: dict[str, str]) -> None:
     result = invoke("--db", "mysql://root:pw@hunter2x@127.0.0.1:1/x", "status", env=env)
     assert result.exit_code == 1, text(result)

@@ -95,11 +95,6 @@ def test_month_current_defaults_to_utc_now() -> None:
     assert got in {Month(before.year, before.month), Month(after.year, after.month)}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="jobs/month.py Month.current: an aware non-UTC datetime is not converted to UTC "
-    "(2026-01-01T01:00+02:00 is 2025-12-31T23:00Z but gives 2026-01)",
-)
 def test_month_current_converts_aware_time_to_utc() -> None:
     plus_two = timezone(timedelta(hours=2))
     assert Month.current(datetime(2026, 1, 1, 1, 0, tzinfo=plus_two)) == Month(2025, 12)
@@ -202,11 +197,6 @@ def test_mask_text_removes_password_quoted_elsewhere() -> None:
     assert "mysql://root:***@db/app" in masked
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="urls.py _USERINFO: the password group stops at the first '@', but urlsplit (and "
-    "so the driver) takes the password up to the last '@': mask_url leaks the rest",
-)
 def test_mask_url_password_with_raw_at_sign() -> None:
     url = "mysql://root:pw@hunter2x@127.0.0.1:3306/app"
     assert "hunter2x" not in mask_url(url)
@@ -318,12 +308,6 @@ def test_poison_message_is_a_value_error_with_reason() -> None:
         QueueMessage.from_json(_retry_body(user_id="42"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="queue/base.py QueueMessage.from_json accepts any positive int user_id; 2**64 "
-    "does not fit a BIGINT and crashes `batchrun retry` on SQLite with an uncaught "
-    "OverflowError (the message is never dead-lettered)",
-)
 def test_queue_message_user_id_out_of_range_is_poison() -> None:
     with pytest.raises(PoisonMessage):
         QueueMessage.from_json(_retry_body(user_id=2**64))
@@ -593,11 +577,6 @@ def test_settings_bad_number_is_config_error(key: str, value: str) -> None:
     assert ConfigError.exit_code == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="settings.py _float/_int: 'nan'/'inf' pass float() and the minimum check; _int "
-    "then raises a raw ValueError/OverflowError (a CLI traceback), _float returns nan/inf",
-)
 @pytest.mark.parametrize(
     ("key", "value"),
     [

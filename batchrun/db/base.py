@@ -10,7 +10,12 @@ from batchrun.errors import ConfigError
 from batchrun.urls import mask_url, scheme_of
 
 Row = tuple[Any, ...]
-_GUARDS = {"column": "has_column", "index": "has_index", "unique": "has_unique"}
+_GUARDS = {
+    "table": "has_table",
+    "column": "has_column",
+    "index": "has_index",
+    "unique": "has_unique",
+}
 
 
 class Database(ABC):
@@ -49,7 +54,7 @@ class Database(ABC):
         """Run one migration step (DDL)."""
 
     async def guard_holds(self, guard: str) -> bool:
-        """Whether a ``-- unless:`` guard (``column T.C``, ``index T.I``, ``unique T.C``) holds."""
+        """Whether a guard holds: ``table T``, ``column T.C``, ``index T.I`` or ``unique T.C``."""
         kind, _, target = guard.partition(" ")
         table, _, item = target.strip().partition(".")
         query = _GUARDS.get(kind)

@@ -135,4 +135,8 @@ def load(dialect: str) -> Queries:
 def migration_steps(dialect: str) -> Sequence[Statement]:
     """The schema steps of ``dialect`` in order (queries named ``migrate_NNNN_*``)."""
     queries = load(dialect)
-    return [s for name, s in sorted(queries.statements.items()) if name.startswith("migrate_")]
+    steps = [s for name, s in sorted(queries.statements.items()) if name.startswith("migrate_")]
+    for step in steps:
+        if not step.unless:
+            raise ValueError(f"migration step {step.name} has no -- unless: guard")
+    return steps

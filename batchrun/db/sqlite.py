@@ -65,7 +65,7 @@ class SQLiteDatabase(Database):
                     "run `batchrun db migrate`"
                 ) from exc
             raise DatabaseError(f"database {self.url}: {exc}") from exc
-        except (sqlite3.Error, ValueError) as exc:
+        except (sqlite3.Error, ValueError, OverflowError) as exc:
             raise DatabaseError(f"database {self.url}: {exc}") from exc
 
     async def execute(self, name: str, **params: Any) -> int:

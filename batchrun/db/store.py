@@ -11,7 +11,7 @@ from enum import IntEnum
 from typing import Any
 
 from batchrun.db.base import Database, Row
-from batchrun.db.sql import migration_steps
+from batchrun.db.sql import Statement, migration_steps
 from batchrun.errors import DatabaseError, NotMigratedError
 
 
@@ -83,34 +83,38 @@ class Store:
     # -- schema ---------------------------------------------------------------------------
 
     async def migrate(self) -> list[str]:
-        """Apply every step not yet recorded; return the names of the steps run."""
-        steps = migration_steps(self.db.dialect)
-        await self.db.run_step(steps[0])  # the table that records the others
-        done = {row[0] for row in await self.db.fetchall("schema_steps")}
+        """Run every step whose guard does not hold yet; return the names of the steps run.
+
+        Guards, not the record in batchrun_schema, decide: a dropped batchrun table is
+        recreated, and a second run on a complete schema changes nothing at all.
+        """
         applied: list[str] = []
-        for step in steps:
-            if step.name in done:
-                continue
-            guarded = False
-            for guard in step.unless:
-                if await self.db.guard_holds(guard):
-                    guarded = True
-                    break
-            if not guarded:
+        for step in migration_steps(self.db.dialect):
+            if not await self._step_done(step):
                 await self.db.run_step(step)
                 applied.append(step.name)
-            await self.db.execute("schema_record", step=step.name, now=now_ms())
+                await self.db.execute("schema_record", step=step.name, now=now_ms())
         return applied
 
     async def check_migrated(self) -> None:
-        """Raise NotMigratedError unless every schema step has been applied."""
-        done = {row[0] for row in await self.db.fetchall("schema_steps")}
-        missing = [s.name for s in migration_steps(self.db.dialect) if s.name not in done]
+        """Raise NotMigratedError unless every schema step's guard holds."""
+        missing = [
+            step.name
+            for step in migration_steps(self.db.dialect)
+            if not await self._step_done(step)
+        ]
         if missing:
             raise NotMigratedError(
-                f"database {self.db.url} schema is behind ({len(missing)} steps missing): "
+                f"database {self.db.url} is missing part of batchrun's schema "
+                f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): "
                 "run `batchrun db migrate`"
             )
+
+    async def _step_done(self, step: Statement) -> bool:
+        for guard in step.unless:
+            if await self.db.guard_holds(guard):
+                return True
+        return False
 
     async def explain(self, *, year: int, month: int) -> list[Row]:
         """The plan of the page query, as the database reports it."""

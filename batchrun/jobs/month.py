@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-_MONTH = re.compile(r"(\d{4})-(0[1-9]|1[0-2])")
+_MONTH = re.compile(r"([0-9]{4})-(0[1-9]|1[0-2])")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -23,6 +23,8 @@ class Month:
     def current(cls, now: datetime | None = None) -> Month:
         """The current month in UTC."""
         now = now or datetime.now(UTC)
+        if now.tzinfo is not None:
+            now = now.astimezone(UTC)  # a naive time is taken to be UTC already
         return cls(now.year, now.month)
 
 

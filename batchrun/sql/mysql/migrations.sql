@@ -1,14 +1,17 @@
 -- Schema steps, applied in name order and recorded in batchrun_schema.
--- A step with "-- unless:" guards is skipped when any guard already holds, so a database
--- that already has the application's tables only gains what batchrun needs.
+-- Every step has an "-- unless:" guard and is skipped when the guard holds, so a database
+-- that already has the application's tables only gains what batchrun needs, a dropped
+-- batchrun table is recreated, and a complete schema is recognised by its guards.
 
 -- name: migrate_0000_schema_table
+-- unless: table batchrun_schema
 CREATE TABLE IF NOT EXISTS batchrun_schema (
   step VARCHAR(100) NOT NULL PRIMARY KEY,
   applied_at BIGINT NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
 -- name: migrate_0001_user
+-- unless: table user
 CREATE TABLE IF NOT EXISTS `user` (
   id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
   first_name VARCHAR(255) NULL,
@@ -19,6 +22,7 @@ CREATE TABLE IF NOT EXISTS `user` (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
 
 -- name: migrate_0002_gift_card
+-- unless: table gift_card
 CREATE TABLE IF NOT EXISTS gift_card (
   id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
   recipient_email VARCHAR(255) NOT NULL,
@@ -51,6 +55,7 @@ ALTER TABLE gift_card
 ALTER TABLE gift_card ADD UNIQUE KEY uq_gift_card_gift_code (gift_code);
 
 -- name: migrate_0007_task
+-- unless: table batchrun_task
 -- The ledger: one row per (job, year, user). state: 0 pending/claimed, 1 sent,
 -- 2 skipped (invalid address), 3 failed temporarily (retrying), 4 failed for good.
 -- owner/lease_until (epoch ms) is the claim that serializes work on one user.
@@ -73,6 +78,7 @@ CREATE TABLE IF NOT EXISTS batchrun_task (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
 -- name: migrate_0008_queue
+-- unless: table batchrun_queue
 -- The local retry queue, with SQS semantics: a received message is invisible until
 -- visible_at; after max receives it is dead-lettered (dead = 1).
 CREATE TABLE IF NOT EXISTS batchrun_queue (

@@ -2,6 +2,10 @@
 SELECT COUNT(*) FROM information_schema.columns
 WHERE table_schema = DATABASE() AND table_name = :table AND column_name = :item;
 
+-- name: has_table
+SELECT COUNT(*) FROM information_schema.tables
+WHERE table_schema = DATABASE() AND table_name = :table AND :item = '';
+
 -- name: has_index
 SELECT COUNT(*) FROM information_schema.statistics
 WHERE table_schema = DATABASE() AND table_name = :table AND index_name = :item;
@@ -16,9 +20,6 @@ WHERE s.table_schema = DATABASE() AND s.table_name = :table AND s.column_name = 
     WHERE s2.table_schema = s.table_schema AND s2.table_name = s.table_name
       AND s2.index_name = s.index_name AND s2.seq_in_index = 2
   );
-
--- name: schema_steps
-SELECT step FROM batchrun_schema ORDER BY step;
 
 -- name: schema_record
 INSERT IGNORE INTO batchrun_schema (step, applied_at) VALUES (:step, :now);

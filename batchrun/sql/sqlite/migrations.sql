@@ -1,15 +1,18 @@
 -- Schema steps, applied in name order and recorded in batchrun_schema.
--- A step with "-- unless:" guards is skipped when any guard already holds, so a database
--- that already has the application's tables only gains what batchrun needs.
+-- Every step has an "-- unless:" guard and is skipped when the guard holds, so a database
+-- that already has the application's tables only gains what batchrun needs, a dropped
+-- batchrun table is recreated, and a complete schema is recognised by its guards.
 -- Dates are ISO YYYY-MM-DD text.
 
 -- name: migrate_0000_schema_table
+-- unless: table batchrun_schema
 CREATE TABLE IF NOT EXISTS batchrun_schema (
   step TEXT NOT NULL PRIMARY KEY,
   applied_at INTEGER NOT NULL
 );
 
 -- name: migrate_0001_user
+-- unless: table user
 CREATE TABLE IF NOT EXISTS user (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   first_name TEXT NULL,
@@ -20,6 +23,7 @@ CREATE TABLE IF NOT EXISTS user (
 );
 
 -- name: migrate_0002_gift_card
+-- unless: table gift_card
 CREATE TABLE IF NOT EXISTS gift_card (
   id INTEGER PRIMARY KEY AUTOINCREMENT,
   recipient_email TEXT NOT NULL,
@@ -52,6 +56,7 @@ CREATE UNIQUE INDEX uq_gift_card_idempotency_key ON gift_card (idempotency_key);
 CREATE UNIQUE INDEX uq_gift_card_gift_code ON gift_card (gift_code);
 
 -- name: migrate_0008_task
+-- unless: table batchrun_task
 -- The ledger: one row per (job, year, user). state: 0 pending/claimed, 1 sent,
 -- 2 skipped (invalid address), 3 failed temporarily (retrying), 4 failed for good.
 -- owner/lease_until (epoch ms) is the claim that serializes work on one user.
@@ -71,15 +76,19 @@ CREATE TABLE IF NOT EXISTS batchrun_task (
 ) WITHOUT ROWID;
 
 -- name: migrate_0009_task_indexes
+-- unless: index batchrun_task.idx_batchrun_task_month_state
 CREATE INDEX IF NOT EXISTS idx_batchrun_task_month_state ON batchrun_task (job, year, month, state);
 
 -- name: migrate_0010_task_owner_index
+-- unless: index batchrun_task.idx_batchrun_task_owner
 CREATE INDEX IF NOT EXISTS idx_batchrun_task_owner ON batchrun_task (owner);
 
 -- name: migrate_0011_task_unqueued_index
+-- unless: index batchrun_task.idx_batchrun_task_unqueued
 CREATE INDEX IF NOT EXISTS idx_batchrun_task_unqueued ON batchrun_task (state, queued);
 
 -- name: migrate_0012_queue
+-- unless: table batchrun_queue
 -- The local retry queue, with SQS semantics: a received message is invisible until
 -- visible_at; after max receives it is dead-lettered (dead = 1).
 CREATE TABLE IF NOT EXISTS batchrun_queue (
@@ -94,7 +103,9 @@ CREATE TABLE IF NOT EXISTS batchrun_queue (
 );
 
 -- name: migrate_0013_queue_indexes
+-- unless: index batchrun_queue.idx_batchrun_queue_visible
 CREATE INDEX IF NOT EXISTS idx_batchrun_queue_visible ON batchrun_queue (dead, visible_at);
 
 -- name: migrate_0014_queue_receipt_index
+-- unless: index batchrun_queue.idx_batchrun_queue_receipt
 CREATE INDEX IF NOT EXISTS idx_batchrun_queue_receipt ON batchrun_queue (receipt);

@@ -1,6 +1,9 @@
 -- name: has_column
 SELECT COUNT(*) FROM pragma_table_xinfo(:table) WHERE name = :item;
 
+-- name: has_table
+SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = :table AND :item = '';
+
 -- name: has_index
 SELECT COUNT(*) FROM pragma_index_list(:table) WHERE name = :item;
 
@@ -10,9 +13,6 @@ SELECT COUNT(*) FROM pragma_index_list(:table) il
 WHERE il."unique" = 1
   AND (SELECT COUNT(*) FROM pragma_index_info(il.name)) = 1
   AND (SELECT name FROM pragma_index_info(il.name)) = :item;
-
--- name: schema_steps
-SELECT step FROM batchrun_schema ORDER BY step;
 
 -- name: schema_record
 INSERT OR IGNORE INTO batchrun_schema (step, applied_at) VALUES (:step, :now);
