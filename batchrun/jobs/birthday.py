@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass
 from email.utils import parseaddr
-from typing import Any
+from typing import Any, Literal
 
 from batchrun import codes
 from batchrun.db.store import FINAL_STATES, Candidate, Claim, State, Store, now_ms
@@ -95,10 +95,37 @@ class RetrySummary:
     def exit_code(self) -> int:
         return 3 if self.failed else 0
 
+    def count(self, verdict: Verdict) -> None:
+        """Add one processed message's verdict to the totals."""
+        self.processed += 1
+        if verdict.summary is not None:  # a continuation: count the users it reached
+            self.succeeded += verdict.summary.emails_sent
+            self.failed += verdict.summary.failed
+        elif verdict.outcome is State.SENT:
+            self.succeeded += 1
+        elif verdict.action == "later" and verdict.outcome is not None:
+            self.failed += 1
+        elif verdict.action == "dead":
+            self.failed += 1
+            self.dead_lettered += 1
+        elif verdict.action == "poison":
+            self.dead_lettered += 1
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["duration_s"] = round(self.duration_s, 3)
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What to do with one received queue message after working on it."""
+
+    action: Literal["delete", "later", "dead", "poison"]
+    reason: str = ""
+    delay_s: float = 0.0
+    outcome: State | None = None  # the user's outcome, when the message named a user
+    summary: Summary | None = None  # the run a continuation message started
 
 
 @dataclass(frozen=True, slots=True)
@@ -556,6 +583,7 @@ class BirthdayJob:
         """Drain the retry queue once: redo each user, delete successes, back off the rest."""
         options = options or Options()
         assert self.queue is not None and self.mailer is not None
+        queue = self.queue
         started = time.monotonic()
         result = RetrySummary()
         result.requeued = await self.requeue_unqueued()
@@ -564,7 +592,7 @@ class BirthdayJob:
             items: list[Received] = []
             want = min(max(options.concurrency, 10), max_messages - result.processed)
             while len(items) < want:
-                got = await self.queue.receive(
+                got = await queue.receive(
                     max_messages=min(10, want - len(items)), visibility_s=visibility
                 )
                 if not got:
@@ -572,8 +600,19 @@ class BirthdayJob:
                 items.extend(got)
             if not items:
                 break
-            await self._retry_batch(items, options, result)
-        depth, _ = await self.queue.depths()
+            verdicts = await self.process(items, options)
+            done = []
+            for item in items:
+                verdict = verdicts[item.message_id]
+                result.count(verdict)
+                if verdict.action == "delete":
+                    done.append(item)
+                elif verdict.action == "later":
+                    await queue.retry_later(item, verdict.delay_s)
+                else:
+                    await queue.dead_letter(item, verdict.reason)
+            await queue.delete(done)
+        depth, _ = await queue.depths()
         result.remaining = depth
         result.duration_s = time.monotonic() - started
         return result
@@ -606,42 +645,36 @@ class BirthdayJob:
                 await self.store.mark_queued(year=year, ids=ids)
             total += len(rows)
 
-    async def _retry_batch(
-        self, items: list[Received], options: Options, result: RetrySummary
-    ) -> None:
-        assert self.queue is not None
+    async def process(self, items: Sequence[Received], options: Options) -> dict[str, Verdict]:
+        """Work on received queue messages; say what to do with each (by message id).
+
+        The caller acts on the verdicts: `batchrun retry` deletes, hides or dead-letters;
+        the Lambda handler turns them into its batchItemFailures.
+        """
+        verdicts: dict[str, Verdict] = {}
         by_month: dict[Month, list[tuple[Received, QueueMessage]]] = {}
         for item in items:
             try:
                 message = QueueMessage.from_json(item.body)
             except PoisonMessage as exc:
-                log.error("poison message %s dead-lettered: %s", item.message_id, exc)
-                await self.queue.dead_letter(item, f"poison: {exc}")
-                result.processed += 1
-                result.dead_lettered += 1
+                log.error("poison message %s: %s", item.message_id, exc)
+                verdicts[item.message_id] = Verdict("poison", f"poison: {exc}")
                 continue
             if message.kind == "continuation":
                 log.info("continuing %s after user %d", message.month, message.after_id)
                 summary = await self.run(
                     parse_month(message.month), options, after=message.after_id
                 )
-                result.processed += 1
-                result.succeeded += summary.emails_sent
-                result.failed += summary.failed
-                await self.queue.delete([item])
+                verdicts[item.message_id] = Verdict("delete", summary=summary)
                 continue
             by_month.setdefault(parse_month(message.month), []).append((item, message))
         for month, entries in by_month.items():
-            await self._retry_users(month, entries, options, result)
+            verdicts.update(await self._retry_users(month, entries, options))
+        return verdicts
 
     async def _retry_users(
-        self,
-        month: Month,
-        entries: list[tuple[Received, QueueMessage]],
-        options: Options,
-        result: RetrySummary,
-    ) -> None:
-        assert self.queue is not None
+        self, month: Month, entries: list[tuple[Received, QueueMessage]], options: Options
+    ) -> dict[str, Verdict]:
         me = uuid.uuid4().hex
         ids = sorted({m.user_id for _, m in entries})
         users = await self.store.users_by_id(ids)
@@ -665,79 +698,80 @@ class BirthdayJob:
                     claim.lease_until if claim else None,
                 )
             )
-        outcomes: dict[int, Outcome] = {}
         prepared = await self.prepare(month, me, candidates, None)
-        tasks, claims = prepared.tasks, prepared.claims
-        for uid in prepared.skipped:
-            outcomes[uid] = Outcome(State.SKIPPED, "invalid email address")
-        if tasks:
-            recorder = Recorder(
-                self.store, self.queue, month=month, me=me, summary=None, enqueue=False
-            )
-            runner: Runner[Task] = Runner(
-                concurrency=options.concurrency,
-                rate=options.rate,
-                stop=self.stop,
-                on_progress=options.on_progress,
-            )
-            breaker = CircuitBreaker(self.settings.breaker_threshold)
-            last_receive = {m.user_id: i.receive_count for i, m in entries}
-            mailer, max_receives = self.mailer, self.queue.max_receives
-            assert mailer is not None
-
-            async def work(task: Task) -> None:
-                outcome = await self._send(task, runner, breaker, mailer)
-                if (
-                    outcome.state is State.RETRYING
-                    and last_receive.get(task.user_id, 0) >= max_receives
-                ):
-                    outcome = Outcome(
-                        State.FAILED,
-                        f"gave up after {last_receive[task.user_id]} attempts: {outcome.reason}",
-                    )
-                outcomes[task.user_id] = outcome
-                await recorder.record(task, outcome)
-
-            run = await runner.run(_iterate(tasks), work)
-            await recorder.close()
-            leftover = [t.user_id for t in [*run.not_started, *run.cancelled]]
-            await self.store.release(year=month.year, ids=leftover, me=me)
-        done: list[Received] = []
+        outcomes = dict.fromkeys(prepared.skipped, Outcome(State.SKIPPED, "invalid address"))
+        last_receive = {m.user_id: i.receive_count for i, m in entries}
+        if prepared.tasks:
+            outcomes.update(await self._resend(month, me, prepared.tasks, last_receive, options))
+        verdicts: dict[str, Verdict] = {}
         for item, message in entries:
-            uid = message.user_id
-            outcome = outcomes.get(uid)
-            result.processed += 1
-            if uid in gone:
-                done.append(item)
-                continue
-            if outcome is None:
-                claim = claims.get(uid)
-                if claim is not None and claim.state in FINAL_STATES:
-                    done.append(item)  # finished meanwhile (by a rerun): nothing to do
-                    continue
-                # Another live run holds the user, or we stopped first: look again later.
-                await self.queue.retry_later(item, self.settings.lease_s)
-                continue
-            if outcome.state is State.SENT:
-                result.succeeded += 1
-                done.append(item)
-            elif outcome.state is State.SKIPPED:
-                done.append(item)
-            elif outcome.state is State.FAILED:
-                result.failed += 1
-                result.dead_lettered += 1
-                await self.queue.dead_letter(item, outcome.reason or "failed")
-            else:
-                result.failed += 1
-                await self.queue.retry_later(
-                    item,
-                    backoff_s(
-                        item.receive_count,
-                        base_s=self.settings.retry_base_s,
-                        max_s=self.settings.retry_max_backoff_s,
-                    ),
+            verdicts[item.message_id] = self._verdict(
+                item,
+                message.user_id in gone,
+                outcomes.get(message.user_id),
+                prepared.claims.get(message.user_id),
+            )
+        return verdicts
+
+    async def _resend(
+        self,
+        month: Month,
+        me: str,
+        tasks: list[Task],
+        last_receive: dict[int, int],
+        options: Options,
+    ) -> dict[int, Outcome]:
+        """Send to claimed users again; after the last allowed attempt a failure is final."""
+        assert self.mailer is not None and self.queue is not None
+        mailer, max_receives = self.mailer, self.queue.max_receives
+        recorder = Recorder(self.store, self.queue, month=month, me=me, summary=None, enqueue=False)
+        runner: Runner[Task] = Runner(
+            concurrency=options.concurrency,
+            rate=options.rate,
+            stop=self.stop,
+            on_progress=options.on_progress,
+        )
+        breaker = CircuitBreaker(self.settings.breaker_threshold)
+        outcomes: dict[int, Outcome] = {}
+
+        async def work(task: Task) -> None:
+            outcome = await self._send(task, runner, breaker, mailer)
+            attempts = last_receive.get(task.user_id, 0)
+            if outcome.state is State.RETRYING and attempts >= max_receives:
+                outcome = Outcome(
+                    State.FAILED, f"gave up after {attempts} attempts: {outcome.reason}"
                 )
-        await self.queue.delete(done)
+            outcomes[task.user_id] = outcome
+            await recorder.record(task, outcome)
+
+        try:
+            run = await runner.run(_iterate(tasks), work)
+        finally:
+            await recorder.close()
+        leftover = [t.user_id for t in [*run.not_started, *run.cancelled]]
+        await self.store.release(year=month.year, ids=leftover, me=me)
+        return outcomes
+
+    def _verdict(
+        self, item: Received, gone: bool, outcome: Outcome | None, claim: Claim | None
+    ) -> Verdict:
+        if gone:
+            return Verdict("delete")  # nothing to send to any more
+        if outcome is None:
+            if claim is not None and claim.state in FINAL_STATES:
+                return Verdict("delete")  # finished meanwhile (by a rerun): nothing to do
+            # Another live run holds the user, or we stopped first: look again later.
+            return Verdict("later", delay_s=self.settings.lease_s)
+        if outcome.state in (State.SENT, State.SKIPPED):
+            return Verdict("delete", outcome=outcome.state)
+        if outcome.state is State.FAILED:
+            return Verdict("dead", outcome.reason or "failed", outcome=State.FAILED)
+        delay = backoff_s(
+            item.receive_count,
+            base_s=self.settings.retry_base_s,
+            max_s=self.settings.retry_max_backoff_s,
+        )
+        return Verdict("later", outcome.reason or "", delay_s=delay, outcome=State.RETRYING)
 
 
 class _Pager:
