@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
@@ -34,14 +34,10 @@ from rich.table import Table
 from rich.text import Text
 
 from batchrun import engine
-from batchrun.db import Store, connect
-from batchrun.errors import BatchrunError, UsageError
+from batchrun.backends import open_backends
+from batchrun.errors import BatchrunError
 from batchrun.jobs.birthday import BirthdayJob, Options
 from batchrun.jobs.month import Month, parse_month
-from batchrun.mail.base import Mailer
-from batchrun.mail.base import from_url as mailer_from_url
-from batchrun.queue.base import RetryQueue
-from batchrun.queue.base import from_url as queue_from_url
 from batchrun.settings import Settings
 from batchrun.urls import mask_text
 
@@ -165,61 +161,6 @@ def _run(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]) -> No
     raise typer.Exit(code)
 
 
-@contextlib.asynccontextmanager
-async def _backends(
-    settings: Settings,
-    *,
-    mail: bool = False,
-    queue: bool = False,
-    pool_size: int = 4,
-    create: bool = False,
-    migrated: bool = True,
-    mail_pool: int = 4,
-) -> AsyncIterator[tuple[Store, Mailer | None, RetryQueue | None]]:
-    # Build every backend from its URL before touching the network, so a bad scheme is a
-    # usage error that leaves nothing half-open.
-    database = await connect(settings.db_url, pool_size=pool_size, create=create)
-    mailer: Mailer | None = None
-    retry_queue: RetryQueue | None = None
-    try:
-        store = Store(database)
-        if migrated:
-            await store.check_migrated()
-        if queue:
-            retry_queue = queue_from_url(
-                settings.retry_queue_url, db=database, max_receives=settings.max_receives
-            )
-        if mail:
-            mailer = mailer_from_url(
-                settings.mail_url, timeout=settings.mail_timeout_s, pool_size=mail_pool
-            )
-        yield store, mailer, retry_queue
-    finally:
-        if mailer is not None:
-            await mailer.close()
-        if retry_queue is not None:
-            await retry_queue.close()
-        await database.close()
-
-
-def _check_urls(settings: Settings, *, mail: bool, queue: bool) -> None:
-    """Reject unknown schemes before connecting to anything (exit 2)."""
-    from batchrun.urls import scheme_of
-
-    if scheme_of(settings.db_url) not in ("mysql", "mariadb", "mysql+aiomysql", "sqlite"):
-        raise UsageError(
-            f"unknown --db URL scheme {scheme_of(settings.db_url) or '(none)'!r}: use "
-            "mysql://user:pass@host:port/db or sqlite:///path"
-        )
-    if mail:
-        known = ("smtp", "smtps", "file", "console", "discard", "ses")
-        if scheme_of(settings.mail_url) not in known:
-            raise UsageError(
-                f"unknown --mail URL scheme {scheme_of(settings.mail_url) or '(none)'!r}: "
-                f"use one of {', '.join(s + '://' for s in known)}"
-            )
-
-
 # -- db ------------------------------------------------------------------------------------
 
 
@@ -229,8 +170,8 @@ def db_migrate(ctx: typer.Context) -> None:
     settings: Settings = ctx.obj.settings
 
     async def go() -> int:
-        _check_urls(settings, mail=False, queue=False)
-        async with _backends(settings, create=True, migrated=False) as (store, _, _):
+        async with open_backends(settings, create=True, migrated=False) as backends:
+            store = backends.store
             applied = await store.migrate()
         if applied:
             stderr.print(f"migrated {store.db.url}: {', '.join(applied)}", highlight=False)
@@ -254,8 +195,8 @@ def db_seed(
     settings: Settings = ctx.obj.settings
 
     async def go() -> int:
-        _check_urls(settings, mail=False, queue=False)
-        async with _backends(settings) as (store, _, _):
+        async with open_backends(settings) as backends:
+            store = backends.store
             count = await store.seed_users(users, seed=seed, force=force)
         stderr.print(f"added {count} users to {store.db.url}", highlight=False)
         return 0
@@ -273,9 +214,8 @@ def db_explain(
     which = _month(month)
 
     async def go() -> int:
-        _check_urls(settings, mail=False, queue=False)
-        async with _backends(settings) as (store, _, _):
-            rows = await store.explain(year=which.year, month=which.month)
+        async with open_backends(settings) as backends:
+            rows = await backends.store.explain(year=which.year, month=which.month)
         for row in rows:
             stdout.print(" | ".join("" if v is None else str(v) for v in row), highlight=False)
         return 0
@@ -321,14 +261,14 @@ def birthday(
     which = _month(month)
 
     async def go() -> int:
-        _check_urls(settings, mail=not dry_run, queue=not dry_run)
         stop = engine.StopToken()
         uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
         try:
-            async with _backends(
-                settings, mail=not dry_run, queue=not dry_run, mail_pool=concurrency
-            ) as (store, mailer, queue):
-                job = BirthdayJob(store, mailer, queue, settings, stop=stop)
+            async with open_backends(
+                settings, mail=not dry_run, queue=not dry_run, concurrency=concurrency
+            ) as backends:
+                store = backends.store
+                job = BirthdayJob(store, backends.mailer, backends.queue, settings, stop=stop)
                 options = Options(
                     concurrency=concurrency, rate=rate, page_size=page_size, limit=limit
                 )
@@ -380,16 +320,15 @@ def retry(
     settings: Settings = ctx.obj.settings
 
     async def go() -> int:
-        _check_urls(settings, mail=True, queue=True)
         stop = engine.StopToken()
         uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
         try:
-            async with _backends(settings, mail=True, queue=True, mail_pool=concurrency) as (
-                store,
-                mailer,
-                queue,
-            ):
-                job = BirthdayJob(store, mailer, queue, settings, stop=stop)
+            async with open_backends(
+                settings, mail=True, queue=True, concurrency=concurrency
+            ) as backends:
+                job = BirthdayJob(
+                    backends.store, backends.mailer, backends.queue, settings, stop=stop
+                )
                 result = await job.retry(
                     Options(concurrency=concurrency, rate=rate), max_messages=max_messages
                 )
@@ -418,11 +357,10 @@ def status(
     which = _month(month)
 
     async def go() -> int:
-        _check_urls(settings, mail=False, queue=True)
-        async with _backends(settings, queue=True) as (store, _, queue):
-            assert queue is not None
-            counts = await store.status(year=which.year, month=which.month)
-            depth, dead = await queue.depths()
+        async with open_backends(settings, queue=True) as backends:
+            assert backends.queue is not None
+            counts = await backends.store.status(year=which.year, month=which.month)
+            depth, dead = await backends.queue.depths()
         data: dict[str, Any] = {
             "month": str(which),
             "cards": counts.cards,

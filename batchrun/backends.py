@@ -1,0 +1,80 @@
+"""Open the database, mailer and retry queue a command needs, from settings; close them all."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from batchrun.db import Store, connect
+from batchrun.errors import UsageError
+from batchrun.mail.base import Mailer
+from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.queue.base import RetryQueue
+from batchrun.queue.base import from_url as queue_from_url
+from batchrun.settings import Settings
+from batchrun.urls import scheme_of
+
+DB_SCHEMES = ("mysql", "mariadb", "mysql+aiomysql", "sqlite")
+MAIL_SCHEMES = ("smtp", "smtps", "ses", "file", "console", "discard")
+
+
+@dataclass
+class Backends:
+    """What a command works with; mailer and queue are None when it does not need them."""
+
+    store: Store
+    mailer: Mailer | None
+    queue: RetryQueue | None
+
+
+def check_urls(settings: Settings, *, mail: bool) -> None:
+    """Reject unknown schemes before connecting to anything (a usage error, exit 2)."""
+    if scheme_of(settings.db_url) not in DB_SCHEMES:
+        raise UsageError(
+            f"unknown --db URL scheme {scheme_of(settings.db_url) or '(none)'!r}: use "
+            "mysql://user:pass@host:port/db or sqlite:///path"
+        )
+    if mail and scheme_of(settings.mail_url) not in MAIL_SCHEMES:
+        raise UsageError(
+            f"unknown --mail URL scheme {scheme_of(settings.mail_url) or '(none)'!r}: "
+            f"use one of {', '.join(s + '://' for s in MAIL_SCHEMES)}"
+        )
+
+
+@contextlib.asynccontextmanager
+async def open_backends(
+    settings: Settings,
+    *,
+    mail: bool = False,
+    queue: bool = False,
+    concurrency: int = 4,
+    create: bool = False,
+    migrated: bool = True,
+) -> AsyncIterator[Backends]:
+    """Open what a command needs; everything opened is closed on the way out."""
+    check_urls(settings, mail=mail)
+    # The page reader, the group commit, the heartbeat and a spare: the workers send mail,
+    # they do not hold database connections.
+    database = await connect(settings.db_url, pool_size=4, create=create)
+    mailer: Mailer | None = None
+    retry_queue: RetryQueue | None = None
+    try:
+        store = Store(database)
+        if migrated:
+            await store.check_migrated()
+        if queue:
+            retry_queue = queue_from_url(
+                settings.retry_queue_url, db=database, max_receives=settings.max_receives
+            )
+        if mail:
+            mailer = mailer_from_url(
+                settings.mail_url, timeout=settings.mail_timeout_s, pool_size=concurrency
+            )
+        yield Backends(store, mailer, retry_queue)
+    finally:
+        if mailer is not None:
+            await mailer.close()
+        if retry_queue is not None:
+            await retry_queue.close()
+        await database.close()
