@@ -65,8 +65,14 @@ async def open_backends(
             await store.check_migrated()
         if queue:
             retry_queue = queue_from_url(
-                settings.retry_queue_url, db=database, max_receives=settings.max_receives
+                settings.retry_queue_url,
+                db=database,
+                max_receives=settings.max_receives,
+                env=settings.extra,
+                concurrency=concurrency,
             )
+            # Fail here, before any mail is sent, on a missing queue or bad credentials.
+            await retry_queue.open()
         if mail:
             mailer = mailer_from_url(
                 settings.mail_url, timeout=settings.mail_timeout_s, pool_size=concurrency

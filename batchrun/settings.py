@@ -48,6 +48,8 @@ class Settings:
     retry_max_backoff_s: float = 3600.0
     card_message: str = "Happy birthday!"
     deadline_margin_ms: int | None = None
+    concurrency: int = 20  # the Lambda's; the CLI takes --concurrency
+    rate: float | None = None  # the Lambda's; the CLI takes --rate
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -55,6 +57,7 @@ class Settings:
         """Read settings from ``environ`` (``os.environ`` when None)."""
         env = os.environ if environ is None else environ
         margin = env.get("BATCHRUN_DEADLINE_MARGIN_MS")
+        rate = env.get("BATCHRUN_RATE")
         return cls(
             db_url=env.get("BATCHRUN_DB") or DEFAULT_DB,
             mail_url=env.get("BATCHRUN_MAIL") or DEFAULT_MAIL,
@@ -68,6 +71,8 @@ class Settings:
             retry_max_backoff_s=_float(env, "BATCHRUN_RETRY_MAX_BACKOFF_S", 3600.0),
             card_message=env.get("BATCHRUN_CARD_MESSAGE") or "Happy birthday!",
             deadline_margin_ms=_int(env, "BATCHRUN_DEADLINE_MARGIN_MS", 0) if margin else None,
+            concurrency=_int(env, "BATCHRUN_CONCURRENCY", 20, minimum=1),
+            rate=_float(env, "BATCHRUN_RATE", 0.0, minimum=0.001) if rate else None,
             extra={k: v for k, v in env.items() if k.startswith("AWS_")},
         )
 

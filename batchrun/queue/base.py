@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
 
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 KNOWN_JOBS = frozenset({"birthday"})
 MAX_BODY = 64 * 1024  # SQS's own limit is 256 KiB; ours are a few hundred bytes
+MAX_ID = 2**63 - 1  # the largest id a BIGINT column (and SQLite's INTEGER) can hold
 
 
 class PoisonMessage(ValueError):
@@ -71,9 +72,9 @@ class QueueMessage:
         if kind == "retry":
             user_id = body.get("user_id")
             attempt = body.get("attempt", 0)
-            if not _is_int(user_id) or user_id <= 0:
+            if not _is_int(user_id) or not 0 < user_id <= MAX_ID:
                 raise PoisonMessage(f"bad user_id {user_id!r}")
-            if not _is_int(attempt) or attempt < 0:
+            if not _is_int(attempt) or not 0 <= attempt <= MAX_ID:
                 raise PoisonMessage(f"bad attempt {attempt!r}")
             reason = body.get("reason", "")
             return cls(
@@ -85,7 +86,7 @@ class QueueMessage:
                 reason=reason if isinstance(reason, str) else "",
             )
         after_id = body.get("after_id")
-        if not _is_int(after_id) or after_id < 0:
+        if not _is_int(after_id) or not 0 <= after_id <= MAX_ID:
             raise PoisonMessage(f"bad after_id {after_id!r}")
         return cls("continuation", job, month, after_id=after_id)
 
@@ -109,6 +110,10 @@ class RetryQueue(Protocol):
 
     url: str  # masked: safe to print
     max_receives: int
+
+    async def open(self) -> None:
+        """Connect and read the queue's settings (e.g. its redrive policy); idempotent."""
+        ...
 
     async def send(self, bodies: Sequence[str]) -> None:
         """Queue every body (visible at once); raise QueueError if any was not queued."""
@@ -143,14 +148,43 @@ def backoff_s(receive_count: int, *, base_s: float, max_s: float) -> float:
     return float(ceiling * random.uniform(0.5, 1.0))
 
 
-def from_url(url: str | None, *, db: Database, max_receives: int) -> RetryQueue:
-    """The queue named by ``url``; None means the table in the ``--db`` database."""
+def from_url(
+    url: str | None,
+    *,
+    db: Database,
+    max_receives: int,
+    env: Mapping[str, str] | None = None,
+    concurrency: int = 10,
+) -> RetryQueue:
+    """The queue named by ``url``; None means the table in the ``--db`` database.
+
+    Args:
+        url: an SQS queue URL, or None/"" for the queue table in ``db``.
+        db: the job's database (the default queue lives there).
+        max_receives: deliveries before dead-lettering; an SQS queue's redrive policy wins.
+        env: the AWS variables (``Settings.extra``) an SQS queue reads its region,
+            endpoint and credentials from.
+        concurrency: tasks that use the queue at once (sizes the SQS connection pool).
+    """
     if url is None or url in ("", "local", "db"):
         from batchrun.queue.local import LocalQueue
 
         return LocalQueue(db, max_receives=max_receives)
-    if scheme_of(url) in ("https", "http", "sqs"):
-        raise ConfigError("SQS retry queues need the AWS backends, not built yet")
+    scheme = scheme_of(url)
+    if scheme in ("https", "http"):
+        try:
+            from batchrun.queue.sqs import SqsQueue
+        except ImportError as exc:
+            raise ConfigError(
+                f"SQS retry queues need aioboto3 ({exc.name} is missing): "
+                "pip install 'batchrun[aws]'"
+            ) from None
+        return SqsQueue(url, env=env or {}, max_receives=max_receives, concurrency=concurrency)
+    if scheme == "sqs":
+        raise ConfigError(
+            f"retry queue {mask_url(url)!r}: give the queue's URL, "
+            "https://sqs.REGION.amazonaws.com/ACCOUNT/NAME"
+        )
     raise ConfigError(
         f"unknown retry queue URL {mask_url(url)!r}: use an SQS queue URL, or leave it unset "
         "for the queue table in the --db database"

@@ -18,6 +18,9 @@ class LocalQueue:
         self.url = f"table batchrun_queue in {db.url}"
         self.max_receives = max_receives
 
+    async def open(self) -> None:
+        """Nothing to open: the table lives in the job's database."""
+
     async def send(self, bodies: Sequence[str]) -> None:
         if bodies:
             now = now_ms()

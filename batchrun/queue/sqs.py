@@ -1,0 +1,452 @@
+"""The SQS retry queue over aioboto3: batches checked entry by entry, DLQ from the redrive policy.
+
+Dead-lettering without a dead-letter queue: when the queue has no ``RedrivePolicy``,
+``send_dead`` and ``dead_letter`` log each body and reason at ERROR and drop the message,
+so the failure stays in the ledger (``batchrun status``) and in the logs, nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import re
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+import aioboto3
+import aiohttp
+from aiobotocore.config import AioConfig
+from botocore.exceptions import BotoCoreError, ClientError
+
+from batchrun.errors import ConfigError, QueueError
+from batchrun.queue.base import Received
+from batchrun.urls import mask_url
+
+log = logging.getLogger(__name__)
+
+BATCH = 10  # SQS's most entries per batch call
+BATCH_BYTES = 250 * 1024  # SQS caps a whole batch request at 256 KiB; keep a margin
+MAX_VISIBILITY_S = 43_200  # SQS's longest visibility timeout (12 hours)
+MAX_WAIT_S = 20  # SQS's longest long poll
+SEND_ATTEMPTS = 4  # resends of entries a batch reported as Failed, with a short backoff
+SEND_BACKOFF_S = 0.2
+DEFAULT_MAX_RECEIVES = 5
+
+_AWS_HOST = re.compile(r"^sqs(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
+_LEGACY_HOST = re.compile(r"^([a-z0-9-]+)\.queue\.amazonaws\.com(?:\.cn)?$")
+_SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+# A receipt that no longer holds the message: it is visible again or another consumer has it,
+# so it comes back anyway and the job's idempotency makes the repeat harmless.
+_STALE_RECEIPT = frozenset({"ReceiptHandleIsInvalid", "MessageNotInflight"})
+_GROUP_CHARS = re.compile(r"[^!-~]")  # SQS allows printable ASCII only in a group id
+_ERRORS = (ClientError, BotoCoreError, aiohttp.ClientError, OSError, TimeoutError)
+
+
+class SqsQueue:
+    """An SQS queue (FIFO when its name ends in ``.fifo``) and the DLQ its redrive names.
+
+    Args:
+        url: the queue URL, ``https://sqs.REGION.amazonaws.com/ACCOUNT/NAME`` or
+            ``http(s)://HOST:PORT/ACCOUNT/NAME`` for an emulator.
+        env: the AWS variables (``Settings.extra``): region, endpoint, credentials.
+        max_receives: deliveries before dead-lettering when the queue has no redrive
+            policy; ``open()`` replaces it with the policy's ``maxReceiveCount``.
+        concurrency: tasks that use the queue at once (sizes the connection pool).
+        wait_s: long-poll time of ``receive``, 0-20 s.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        env: Mapping[str, str],
+        max_receives: int = DEFAULT_MAX_RECEIVES,
+        concurrency: int = 10,
+        wait_s: float = 1.0,
+    ) -> None:
+        parts = urlsplit(url)
+        segments = [s for s in parts.path.split("/") if s]
+        if parts.scheme not in ("http", "https") or not parts.hostname or len(segments) != 2:
+            raise ConfigError(
+                f"bad SQS queue URL {mask_url(url)!r}: expected "
+                "https://sqs.REGION.amazonaws.com/ACCOUNT/NAME"
+            )
+        self.queue_url = url
+        self.url = mask_url(url)
+        self.account, self.name = segments
+        self.fifo = self.name.endswith(".fifo")
+        self.max_receives = max_receives
+        self.wait_s = max(0, min(MAX_WAIT_S, round(wait_s)))
+        self._env = env
+        host = parts.hostname.lower()
+        match = _AWS_HOST.match(host) or _LEGACY_HOST.match(host)
+        region = match[1] if match else env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+        if not region:
+            raise ConfigError(
+                f"no AWS region for {self.url}: set AWS_REGION (the URL's host does not name one)"
+            )
+        self.region = region
+        endpoint = env.get("AWS_ENDPOINT_URL_SQS") or env.get("AWS_ENDPOINT_URL")
+        if not endpoint and match is None:
+            # Not an AWS host, so the URL itself names the endpoint (an emulator such as moto).
+            endpoint = f"{parts.scheme}://{parts.netloc}"
+        self.endpoint = endpoint or None
+        self._config = AioConfig(
+            connect_timeout=3,
+            read_timeout=self.wait_s + 10,  # a long poll holds the response for wait_s
+            retries={"mode": "standard", "total_max_attempts": 3},
+            max_pool_connections=max(10, concurrency),
+        )
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._client: Any = None
+        self._lock = asyncio.Lock()
+        self._opened = False
+        self.dlq_url: str | None = None
+        self.dlq_fifo = False
+
+    @property
+    def client(self) -> Any:
+        """The open aiobotocore client (for event hooks); ``open()`` first."""
+        if self._client is None:
+            raise QueueError(f"SQS queue {self.url} is not open")
+        return self._client
+
+    async def open(self) -> None:
+        """Connect and read the redrive policy (DLQ, ``max_receives``); idempotent.
+
+        Every operation calls it, so calling it yourself only moves errors (no credentials,
+        no such queue) to a time of your choosing and makes ``max_receives`` final.
+        """
+        if self._opened:
+            return
+        async with self._lock:
+            if self._opened:
+                return
+            if self._client is None:
+                await self._connect()
+            with self._mapped("read the attributes of"):
+                response = await self._client.get_queue_attributes(
+                    QueueUrl=self.queue_url, AttributeNames=["RedrivePolicy"]
+                )
+            policy_text = response.get("Attributes", {}).get("RedrivePolicy")
+            if policy_text:
+                await self._load_redrive(policy_text)
+            self._opened = True
+
+    async def _connect(self) -> None:
+        stack = contextlib.AsyncExitStack()
+        with self._mapped("connect to"):
+            keys = self._env.get("AWS_ACCESS_KEY_ID"), self._env.get("AWS_SECRET_ACCESS_KEY")
+            session = aioboto3.Session(
+                aws_access_key_id=keys[0] or None,
+                aws_secret_access_key=keys[1] or None,
+                aws_session_token=self._env.get("AWS_SESSION_TOKEN") or None,
+                region_name=self.region,
+                profile_name=None if all(keys) else self._env.get("AWS_PROFILE") or None,
+            )
+            self._client = await stack.enter_async_context(
+                session.client(
+                    "sqs", region_name=self.region, endpoint_url=self.endpoint, config=self._config
+                )
+            )
+        self._stack = stack
+
+    async def _load_redrive(self, policy_text: str) -> None:
+        try:
+            policy = json.loads(policy_text)
+            arn = str(policy["deadLetterTargetArn"])
+            max_receives = int(policy["maxReceiveCount"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise QueueError(f"SQS queue {self.url} has an unreadable RedrivePolicy") from exc
+        # arn:aws:sqs:REGION:ACCOUNT:NAME
+        arn_parts = arn.split(":")
+        if len(arn_parts) != 6:
+            raise QueueError(f"SQS queue {self.url}: bad deadLetterTargetArn {arn!r}")
+        account, name = arn_parts[4], arn_parts[5]
+        with self._mapped(f"find the dead-letter queue {name} of"):
+            response = await self._client.get_queue_url(
+                QueueName=name, QueueOwnerAWSAccountId=account
+            )
+        self.dlq_url = str(response["QueueUrl"])
+        self.dlq_fifo = name.endswith(".fifo")
+        self.max_receives = max_receives
+
+    async def close(self) -> None:
+        stack, self._stack = self._stack, None
+        self._client = None
+        self._opened = False
+        if stack is not None:
+            with contextlib.suppress(*_ERRORS):
+                await stack.aclose()
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def send(self, bodies: Sequence[str]) -> None:
+        if bodies:
+            await self.open()
+            call = uuid.uuid4().hex
+            entries = [
+                self._entry(str(i), body, self.fifo, call=call) for i, body in enumerate(bodies)
+            ]
+            await self._send_batches(self.queue_url, entries)
+
+    async def send_dead(self, bodies: Sequence[tuple[str, str]]) -> None:
+        if not bodies:
+            return
+        await self.open()
+        if self.dlq_url is None:
+            for body, reason in bodies:
+                log.error("no dead-letter queue for %s; dropped %s: %s", self.url, body, reason)
+            return
+        call = uuid.uuid4().hex
+        entries = [
+            self._entry(str(i), body, self.dlq_fifo, reason=reason, call=call)
+            for i, (body, reason) in enumerate(bodies)
+        ]
+        await self._send_batches(self.dlq_url, entries)
+
+    def _entry(
+        self,
+        entry_id: str,
+        body: str,
+        fifo: bool,
+        *,
+        reason: str = "",
+        dedup: str = "",
+        call: str = "",
+    ) -> dict[str, Any]:
+        """One batch entry; ``call`` names the ``send`` call, so its resends keep their key."""
+        entry: dict[str, Any] = {"Id": entry_id, "MessageBody": body}
+        if reason:
+            entry["MessageAttributes"] = {
+                "reason": {"DataType": "String", "StringValue": reason[:1000]}
+            }
+        if fifo:
+            group, key = _fifo_keys(body, call)
+            entry["MessageGroupId"] = _GROUP_CHARS.sub("_", group)[:128]
+            entry["MessageDeduplicationId"] = hashlib.sha256((dedup or key).encode()).hexdigest()
+        return entry
+
+    async def _send_batches(self, queue_url: str, entries: list[dict[str, Any]]) -> None:
+        """Send every entry; resend those a batch reports Failed; raise if any never made it."""
+        pending = entries
+        failures: dict[str, dict[str, Any]] = {}
+        for attempt in range(SEND_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(SEND_BACKOFF_S * 2 ** (attempt - 1))
+            failures = {}
+            for batch in _batches(pending):
+                with self._mapped("send to", queue_url):
+                    # A copy: event handlers may rewrite the request's list in place.
+                    response = await self._client.send_message_batch(
+                        QueueUrl=queue_url, Entries=list(batch)
+                    )
+                ok = {item["Id"] for item in response.get("Successful", [])}
+                reported = {item["Id"]: item for item in response.get("Failed", [])}
+                for entry in batch:
+                    if entry["Id"] not in ok:
+                        failures[entry["Id"]] = reported.get(entry["Id"], {"Code": "missing"})
+            # A sender fault (bad body, bad attribute) fails the same way every time.
+            retryable = [e for e in pending if e["Id"] in failures]
+            if not retryable or any(f.get("SenderFault") for f in failures.values()):
+                break
+            log.warning(
+                "SQS %s: %d of %d entries failed, resending",
+                mask_url(queue_url),
+                len(retryable),
+                len(pending),
+            )
+            pending = retryable
+        if failures:
+            first = next(iter(failures.values()))
+            raise QueueError(
+                self._mask(
+                    f"SQS {mask_url(queue_url)}: {len(failures)} of {len(entries)} messages "
+                    f"not queued ({first.get('Code')}: {first.get('Message', '')})"
+                )
+            )
+
+    # -- receiving -------------------------------------------------------------------------
+
+    async def receive(self, *, max_messages: int, visibility_s: float) -> list[Received]:
+        if max_messages <= 0:
+            return []
+        await self.open()
+        with self._mapped("receive from"):
+            response = await self._client.receive_message(
+                QueueUrl=self.queue_url,
+                MaxNumberOfMessages=min(BATCH, max_messages),
+                VisibilityTimeout=_visibility(visibility_s),
+                WaitTimeSeconds=self.wait_s,
+                MessageSystemAttributeNames=["ApproximateReceiveCount"],
+            )
+        return [
+            Received(
+                str(m["MessageId"]),
+                str(m["ReceiptHandle"]),
+                str(m.get("Body", "")),
+                int(m.get("Attributes", {}).get("ApproximateReceiveCount", 1)),
+            )
+            for m in response.get("Messages", [])
+        ]
+
+    async def delete(self, items: Sequence[Received]) -> None:
+        if not items:
+            return
+        await self.open()
+        for start in range(0, len(items), BATCH):
+            chunk = items[start : start + BATCH]
+            entries = [{"Id": str(i), "ReceiptHandle": it.receipt} for i, it in enumerate(chunk)]
+            with self._mapped("delete from"):
+                response = await self._client.delete_message_batch(
+                    QueueUrl=self.queue_url, Entries=entries
+                )
+            # A failed delete is not lost work: the message comes back after its visibility
+            # timeout and the job's idempotency turns the repeat into a no-op.
+            for failed in response.get("Failed", []):
+                log.warning(
+                    "SQS %s: could not delete message %s (%s: %s); it will come back",
+                    self.url,
+                    chunk[int(failed["Id"])].message_id,
+                    failed.get("Code"),
+                    failed.get("Message", ""),
+                )
+
+    async def retry_later(self, item: Received, delay_s: float) -> None:
+        await self.open()
+        try:
+            with self._mapped("change visibility in"):
+                await self._client.change_message_visibility(
+                    QueueUrl=self.queue_url,
+                    ReceiptHandle=item.receipt,
+                    VisibilityTimeout=_visibility(delay_s),
+                )
+        except QueueError as exc:
+            if _code(exc.__cause__) not in _STALE_RECEIPT:
+                raise
+            log.warning("SQS %s: message %s is no longer ours: %s", self.url, item.message_id, exc)
+
+    async def dead_letter(self, item: Received, reason: str) -> None:
+        await self.open()
+        if self.dlq_url is None:
+            log.error(
+                "no dead-letter queue for %s; deleted message %s (%s): %s",
+                self.url,
+                item.message_id,
+                reason,
+                item.body,
+            )
+        else:
+            # Dedup on the message id: a message dead-lettered twice (its delete failed and it
+            # came back) lands once on a FIFO DLQ.
+            entry = self._entry(
+                "0", item.body, self.dlq_fifo, reason=reason, dedup=f"dead:{item.message_id}"
+            )
+            await self._send_batches(self.dlq_url, [entry])
+        await self.delete([item])
+
+    async def depths(self) -> tuple[int, int | None]:
+        await self.open()
+        names = [
+            "ApproximateNumberOfMessages",
+            "ApproximateNumberOfMessagesNotVisible",
+            "ApproximateNumberOfMessagesDelayed",
+        ]
+        with self._mapped("read the depth of"):
+            response = await self._client.get_queue_attributes(
+                QueueUrl=self.queue_url, AttributeNames=names
+            )
+        attributes = response.get("Attributes", {})
+        depth = sum(int(attributes.get(name, 0)) for name in names)
+        if self.dlq_url is None:
+            return depth, None
+        with self._mapped("read the depth of", self.dlq_url):
+            response = await self._client.get_queue_attributes(
+                QueueUrl=self.dlq_url, AttributeNames=["ApproximateNumberOfMessages"]
+            )
+        return depth, int(response.get("Attributes", {}).get("ApproximateNumberOfMessages", 0))
+
+    # -- errors ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _mapped(self, action: str, queue_url: str | None = None) -> Iterator[None]:
+        """Turn botocore and network errors into QueueError, with no secret in the text."""
+        try:
+            yield
+        except _ERRORS as exc:
+            self._raise(action, queue_url or self.queue_url, exc)
+
+    def _raise(self, action: str, queue_url: str, exc: BaseException) -> NoReturn:
+        detail = str(exc) or type(exc).__name__
+        raise QueueError(
+            self._mask(f"could not {action} SQS queue {mask_url(queue_url)}: {detail}")
+        ) from exc
+
+    def _mask(self, text: str) -> str:
+        text = mask_url(text)
+        for key in _SECRETS:
+            secret = self._env.get(key)
+            if secret:
+                text = text.replace(secret, "***")
+        return text
+
+
+def _code(exc: BaseException | None) -> str:
+    """The short error code of a ClientError (``AWS.SimpleQueueService.X`` -> ``X``)."""
+    if not isinstance(exc, ClientError):
+        return ""
+    error = exc.response.get("Error", {})
+    code = str(error.get("QueryErrorCode") or error.get("Code") or "")
+    return code.rsplit(".", 1)[-1]
+
+
+def _visibility(seconds: float) -> int:
+    return max(0, min(MAX_VISIBILITY_S, math.ceil(seconds)))
+
+
+def _batches(entries: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    """Entries in batches of at most 10 and 250 KiB of bodies."""
+    batch: list[dict[str, Any]] = []
+    size = 0
+    for entry in entries:
+        entry_size = len(entry["MessageBody"].encode())
+        if batch and (len(batch) == BATCH or size + entry_size > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(entry)
+        size += entry_size
+    if batch:
+        yield batch
+
+
+def _fifo_keys(body: str, call: str) -> tuple[str, str]:
+    """(MessageGroupId, dedup key) of a body: the user for a retry, the month otherwise.
+
+    A retry's key is job, month, user and attempt, so a resend of the same failure within
+    SQS's five-minute window is dropped by SQS. A continuation's key is unique to the
+    ``send`` call (``call``): a second hand-off from the same cursor must not be dropped while
+    the first, still in flight, is about to be deleted. A body that is not ours is keyed by
+    itself.
+    """
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return "batchrun", f"body:{body}"
+    job, month = data.get("job"), data.get("month")
+    if data.get("kind") == "retry" and data.get("user_id") is not None:
+        user_id, attempt = data["user_id"], data.get("attempt", 0)
+        return str(user_id), f"{job}:{month}:{user_id}:{attempt}"
+    if data.get("kind") == "continuation":
+        return f"{job}:{month}", f"{job}:{month}:after:{data.get('after_id')}:{call}"
+    return "batchrun", f"body:{body}"
+
+
+__all__ = ["SqsQueue"]

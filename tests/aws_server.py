@@ -1,0 +1,82 @@
+"""moto's server on a free loopback port, for tests that use the real aioboto3 client.
+
+Usage in a test module::
+
+    from aws_server import MotoServer
+
+    @pytest.fixture(scope="session")
+    def moto_server():
+        with MotoServer() as server:
+            yield server
+
+    @pytest.fixture
+    def aws_env(moto_server):
+        moto_server.reset()                  # every test starts with no queues, no identities
+        return moto_server.env               # AWS_ENDPOINT_URL, AWS_REGION, dummy keys
+
+The env mapping is meant for ``Settings.from_env(...)``-style injection or a subprocess's
+environment; tests never mutate ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import socket
+import urllib.request
+from typing import Self
+
+from moto.server import ThreadedMotoServer
+
+HOST = "127.0.0.1"
+REGION = "us-east-1"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+class MotoServer:
+    """A ThreadedMotoServer bound to 127.0.0.1 on a free port."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self._server = ThreadedMotoServer(ip_address=HOST, port=self.port, verbose=False)
+        self.running = False
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a client needs to reach this server through the standard AWS variables."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_REGION": REGION,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+        }
+
+    def start(self) -> Self:
+        self._server.start()
+        self.running = True
+        return self
+
+    def stop(self) -> None:
+        if self.running:
+            self._server.stop()
+            self.running = False
+
+    def reset(self) -> None:
+        """Forget every resource (moto's reset endpoint)."""
+        request = urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
