@@ -164,6 +164,7 @@ class Options:
     page_size: int = 500
     limit: int | None = None
     handoff: bool = False  # on a stop, hand the rest of the month on through the queue
+    grace_s: float = 30.0  # after a stop, how long in-flight sends may take to finish
     on_progress: Callable[[Progress], None] | None = None
 
 
@@ -337,6 +338,7 @@ class BirthdayJob:
             concurrency=options.concurrency,
             rate=options.rate,
             stop=self.stop,
+            grace_s=options.grace_s,
             on_progress=options.on_progress,
         )
         pager = _Pager(self, month, me, options, summary, runner, start_after=after)
@@ -358,8 +360,14 @@ class BirthdayJob:
                 summary.left_pending += len(leftover)
             if self.stop.stopping and summary.stopped is None:
                 summary.stopped = self.stop.reason or "stopped"
-            if (breaker.open or (self.stop.stopping and options.handoff)) and not pager.done:
-                await self._continue(month, pager.cursor, summary)
+            handing_off = breaker.open or (self.stop.stopping and options.handoff)
+            if handing_off and (leftover or not pager.done):
+                # Resume below every user this run did not finish (released or held by
+                # another run), so the continuation misses no one; finished users in
+                # between are filtered out by the page query itself.
+                unfinished = [t.user_id for t in leftover] + sorted(pager.foreign)
+                resume = min([pager.cursor, *(uid - 1 for uid in unfinished)])
+                await self._continue(month, resume, summary)
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -729,6 +737,7 @@ class BirthdayJob:
             concurrency=options.concurrency,
             rate=options.rate,
             stop=self.stop,
+            grace_s=options.grace_s,
             on_progress=options.on_progress,
         )
         breaker = CircuitBreaker(self.settings.breaker_threshold)

@@ -1,0 +1,250 @@
+"""The AWS Lambda entry point: a thin adapter over the same jobs the CLI runs.
+
+Events:
+- EventBridge scheduled event: run `birthday` for the month of the event's ``time``.
+- ``{"job": "birthday", "month": "2025-06", "dry_run": true}``: run it on demand.
+- SQS event: process the records (retries, continuations) and report the ones that failed
+  in ``{"batchItemFailures": [{"itemIdentifier": messageId}, ...]}``.
+
+Before the deadline (``BATCHRUN_DEADLINE_MARGIN_MS``, default 10% of the time left at the
+start, at least 500 ms) a run stops taking users, finishes those in flight and hands the
+rest of the month on as a continuation message on ``BATCHRUN_RETRY_QUEUE``.
+
+Event loop: each invocation runs in its own ``asyncio.run``. Lambda freezes the process
+between invocations and may thaw it much later; a pool, client or lock created on an
+earlier invocation's loop would be bound to a closed loop and to sockets the far end has
+long dropped. So nothing loop-bound lives at module level: every connection is opened and
+closed inside the invocation, and only plain data (settings) could be cached across them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Protocol
+
+from batchrun.backends import open_backends
+from batchrun.engine import Deadline, StopToken
+from batchrun.errors import BatchrunError, UsageError
+from batchrun.jobs.birthday import BirthdayJob, Options, Summary, Verdict
+from batchrun.jobs.month import Month, parse_month
+from batchrun.queue.base import Received
+from batchrun.settings import Settings
+from batchrun.urls import mask_text
+
+log = logging.getLogger("batchrun")
+
+NAMESPACE = "batchrun"
+MIN_MARGIN_MS = 500
+
+
+class LambdaContext(Protocol):
+    """The part of Lambda's context object batchrun uses."""
+
+    aws_request_id: str
+
+    def get_remaining_time_in_millis(self) -> int: ...
+
+
+def handler(event: Mapping[str, Any], context: LambdaContext) -> dict[str, Any]:
+    """Lambda entry point, configured by the same environment variables as the CLI."""
+    return handle(event, context, environ=None)
+
+
+def handle(
+    event: Mapping[str, Any], context: LambdaContext, *, environ: Mapping[str, str] | None
+) -> dict[str, Any]:
+    """Handle one event with settings from ``environ`` (``os.environ`` when None)."""
+    started = time.monotonic()
+    request_id = getattr(context, "aws_request_id", "-")
+    kind = "unknown"
+    settings = Settings()
+    try:
+        settings = Settings.from_env(environ)
+        kind = _kind(event)
+        result, metrics = asyncio.run(_handle(event, context, settings, kind))
+    except BatchrunError as exc:
+        text = mask_text(str(exc), settings.db_url, settings.mail_url, settings.retry_queue_url)
+        _log_line("error", request_id, kind, error=text, duration_s=time.monotonic() - started)
+        raise BatchrunError(text) from None  # Lambda reports the one line; no secret in it
+    duration = time.monotonic() - started
+    _log_line("done", request_id, kind, duration_s=duration, result=result)
+    _emit_metrics(kind, {**metrics, "Duration": duration * 1000})
+    return result
+
+
+def _kind(event: Mapping[str, Any]) -> str:
+    if isinstance(event.get("Records"), list):
+        return "sqs"
+    if event.get("source") == "aws.events" or event.get("detail-type") == "Scheduled Event":
+        return "schedule"
+    if "job" in event:
+        return "on_demand"
+    raise UsageError("unrecognised event: expected a schedule, an SQS batch or {'job': ...}")
+
+
+async def _handle(
+    event: Mapping[str, Any], context: LambdaContext, settings: Settings, kind: str
+) -> tuple[dict[str, Any], dict[str, float]]:
+    remaining = context.get_remaining_time_in_millis()
+    margin = settings.deadline_margin_ms
+    if margin is None:
+        margin = max(MIN_MARGIN_MS, remaining // 10)
+    stop = StopToken()
+    watcher = asyncio.create_task(
+        Deadline(context.get_remaining_time_in_millis, margin).watch(stop)
+    )
+    # In-flight sends get half the margin to finish; the rest is for recording and hand-off.
+    options = Options(
+        concurrency=settings.concurrency,
+        rate=settings.rate,
+        handoff=True,
+        grace_s=max(0.1, margin / 2000),
+    )
+    try:
+        if kind == "sqs":
+            return await _sqs(event, settings, stop, options)
+        month, dry_run = _month_of(event, kind)
+        async with open_backends(
+            settings, mail=not dry_run, queue=not dry_run, concurrency=options.concurrency
+        ) as backends:
+            job = BirthdayJob(backends.store, backends.mailer, backends.queue, settings, stop=stop)
+            summary = await job.run(month, options, dry_run=dry_run)
+        return summary.to_json(), _summary_metrics(summary)
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+
+
+def _month_of(event: Mapping[str, Any], kind: str) -> tuple[Month, bool]:
+    if kind == "schedule":
+        when = str(event.get("time", ""))
+        try:
+            moment = datetime.fromisoformat(when.replace("Z", "+00:00"))
+        except ValueError:
+            raise UsageError(f"scheduled event has no usable time: {when!r}") from None
+        return Month.current(moment), False
+    if event.get("job") != "birthday":
+        raise UsageError(f"unknown job {event.get('job')!r}: expected 'birthday'")
+    month = event.get("month")
+    try:
+        which = Month.current() if month is None else parse_month(str(month))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    dry_run = event.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise UsageError(f"dry_run must be true or false, got {dry_run!r}")
+    return which, dry_run
+
+
+async def _sqs(
+    event: Mapping[str, Any], settings: Settings, stop: StopToken, options: Options
+) -> tuple[dict[str, Any], dict[str, float]]:
+    records = [r for r in event["Records"] if isinstance(r, Mapping)]
+    items = [
+        Received(
+            message_id=str(r.get("messageId", "")),
+            receipt=str(r.get("receiptHandle", "")),
+            body=str(r.get("body", "")),
+            receive_count=_int(r.get("attributes", {}).get("ApproximateReceiveCount"), 1),
+        )
+        for r in records
+    ]
+    failures: list[dict[str, str]] = []
+    metrics: dict[str, float] = {"Messages": len(items)}
+    async with open_backends(
+        settings, mail=True, queue=True, concurrency=options.concurrency
+    ) as backends:
+        assert backends.queue is not None
+        job = BirthdayJob(backends.store, backends.mailer, backends.queue, settings, stop=stop)
+        verdicts = await job.process(items, options)
+        for item in items:
+            verdict = verdicts.get(item.message_id, Verdict("later"))
+            _add(metrics, verdict)
+            if verdict.action == "delete":
+                continue
+            if verdict.action == "dead":
+                # A permanent failure: straight to the dead-letter queue, and this record
+                # succeeds so SQS does not deliver it again.
+                await backends.queue.send_dead([(item.body, verdict.reason)])
+                continue
+            if verdict.action == "later" and verdict.delay_s > 0:
+                await _hide(backends.queue, item, verdict.delay_s)
+            # Poison records fail too: the queue's redrive policy dead-letters them.
+            failures.append({"itemIdentifier": item.message_id})
+    metrics["Failures"] = len(failures)
+    return {"batchItemFailures": failures}, metrics
+
+
+async def _hide(queue: Any, item: Received, delay_s: float) -> None:
+    """Back a failed record off; if that fails, SQS's own visibility timeout applies."""
+    try:
+        await queue.retry_later(item, delay_s)
+    except BatchrunError as exc:
+        log.warning("could not back off message %s: %s", item.message_id, exc)
+
+
+def _add(metrics: dict[str, float], verdict: Verdict) -> None:
+    if verdict.summary is not None:
+        for key, value in _summary_metrics(verdict.summary).items():
+            metrics[key] = metrics.get(key, 0) + value
+    elif verdict.outcome is not None:
+        name = {"SENT": "EmailsSent", "RETRYING": "Failures", "FAILED": "Failures"}.get(
+            verdict.outcome.name, "UsersProcessed"
+        )
+        metrics[name] = metrics.get(name, 0) + 1
+        metrics["UsersProcessed"] = metrics.get("UsersProcessed", 0) + 1
+
+
+def _summary_metrics(summary: Summary) -> dict[str, float]:
+    return {
+        "UsersProcessed": summary.eligible,
+        "CardsCreated": summary.cards_created,
+        "EmailsSent": summary.emails_sent,
+        "Failures": summary.failed,
+        "Throttles": float(getattr(summary, "throttles", 0)),
+    }
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _log_line(status: str, request_id: str, kind: str, **fields: Any) -> None:
+    """One JSON line per event, with the request id (CloudWatch Logs Insights reads it)."""
+    record = {
+        "level": "ERROR" if status == "error" else "INFO",
+        "status": status,
+        "request_id": request_id,
+        "event": kind,
+        **fields,
+    }
+    print(json.dumps(record, default=str), file=sys.stdout, flush=True)
+
+
+def _emit_metrics(kind: str, metrics: Mapping[str, float]) -> None:
+    """CloudWatch Embedded Metric Format: one JSON line that CloudWatch turns into metrics."""
+    units = {"Duration": "Milliseconds"}
+    document: dict[str, Any] = {
+        "_aws": {
+            "Timestamp": int(time.time() * 1000),
+            "CloudWatchMetrics": [
+                {
+                    "Namespace": NAMESPACE,
+                    "Dimensions": [["event"]],
+                    "Metrics": [{"Name": k, "Unit": units.get(k, "Count")} for k in metrics],
+                }
+            ],
+        },
+        "event": kind,
+        **metrics,
+    }
+    print(json.dumps(document), file=sys.stdout, flush=True)
