@@ -75,7 +75,10 @@ async def open_backends(
             await retry_queue.open()
         if mail:
             mailer = mailer_from_url(
-                settings.mail_url, timeout=settings.mail_timeout_s, pool_size=concurrency
+                settings.mail_url,
+                timeout=settings.mail_timeout_s,
+                pool_size=concurrency,
+                env=settings.extra,
             )
         yield Backends(store, mailer, retry_queue)
     finally:

@@ -14,7 +14,7 @@ import logging
 import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import typer
 from rich.console import Console
@@ -35,10 +35,10 @@ from rich.text import Text
 
 from batchrun import engine
 from batchrun.backends import open_backends
-from batchrun.errors import BatchrunError
+from batchrun.errors import BatchrunError, ConfigError
 from batchrun.jobs.birthday import BirthdayJob, Options
 from batchrun.jobs.month import Month, parse_month
-from batchrun.settings import Settings
+from batchrun.settings import Settings, parse_rate
 from batchrun.urls import mask_text
 
 try:  # typer 0.2x vendors click; older releases use click itself
@@ -143,6 +143,15 @@ def _month(value: str | None) -> Month:
         raise typer.BadParameter(str(exc), param_hint="--month") from None
 
 
+def _rate(value: str | None) -> float | Literal["auto"] | None:
+    if value is None:
+        return None
+    try:
+        return parse_rate(value)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--rate") from None
+
+
 def _run(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]) -> None:
     """Run a command's coroutine; turn a BatchrunError into one line and its exit code."""
     context: Context = ctx.obj
@@ -239,8 +248,12 @@ def birthday(
         int, typer.Option("--concurrency", min=1, help="Users worked on at once.")
     ] = 20,
     rate: Annotated[
-        float | None,
-        typer.Option("--rate", min=0.001, help="Most emails sent per second (default: no cap)."),
+        str | None,
+        typer.Option(
+            "--rate",
+            help="Emails per second at most, or 'auto' for the provider's own limit (SES). "
+            "On throttling the rate halves, then grows back (AIMD). Default: no cap.",
+        ),
     ] = None,
     page_size: Annotated[
         int, typer.Option("--page-size", min=1, max=5000, help="Users read per page.")
@@ -259,6 +272,7 @@ def birthday(
     """
     settings: Settings = ctx.obj.settings
     which = _month(month)
+    pace = _rate(rate)
 
     async def go() -> int:
         stop = engine.StopToken()
@@ -270,7 +284,7 @@ def birthday(
                 store = backends.store
                 job = BirthdayJob(store, backends.mailer, backends.queue, settings, stop=stop)
                 options = Options(
-                    concurrency=concurrency, rate=rate, page_size=page_size, limit=limit
+                    concurrency=concurrency, rate=pace, page_size=page_size, limit=limit
                 )
                 with _progress(as_json, f"birthday {which}") as bar:
                     if bar is not None:
@@ -309,7 +323,9 @@ def retry(
         int, typer.Option("--max", min=1, help="Most queue messages to process.")
     ] = 10_000,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 20,
-    rate: Annotated[float | None, typer.Option("--rate", min=0.001)] = None,
+    rate: Annotated[
+        str | None, typer.Option("--rate", help="Emails per second at most, or 'auto'.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON summary.")] = False,
 ) -> None:
     """Drain the retry queue once: redo each failed user, delete what succeeds.
@@ -318,6 +334,7 @@ def retry(
     dead-lettered and listed by `batchrun status`.
     """
     settings: Settings = ctx.obj.settings
+    pace = _rate(rate)
 
     async def go() -> int:
         stop = engine.StopToken()
@@ -330,7 +347,7 @@ def retry(
                     backends.store, backends.mailer, backends.queue, settings, stop=stop
                 )
                 result = await job.retry(
-                    Options(concurrency=concurrency, rate=rate), max_messages=max_messages
+                    Options(concurrency=concurrency, rate=pace), max_messages=max_messages
                 )
         finally:
             uninstall()

@@ -254,6 +254,7 @@ class Runner(Generic[T]):
         stop: StopToken | None = None,
         grace_s: float = 30.0,
         on_progress: Callable[[Progress], None] | None = None,
+        limiter: AbstractAsyncContextManager[None] | None = None,
     ) -> None:
         """Configure the runner.
 
@@ -264,6 +265,8 @@ class Runner(Generic[T]):
             stop: the stop token; a fresh one when None (see ``stop``).
             grace_s: how long in-flight items may take to finish after a stop or an error.
             on_progress: receives the events ``progress`` is given, e.g. for a progress bar.
+            limiter: a ready limiter (e.g. an adaptive one shared across runs); it takes
+                the place of ``rate``.
 
         Raises:
             ValueError: concurrency below 1, rate not a positive finite number, or a
@@ -280,7 +283,9 @@ class Runner(Generic[T]):
         self._grace_s = grace_s
         self._on_progress = on_progress
         self._limiter: AbstractAsyncContextManager[None]
-        if rate is None:
+        if limiter is not None:
+            self._limiter = limiter
+        elif rate is None:
             self._limiter = nullcontext()
         elif rate >= 1:
             self._limiter = AsyncLimiter(rate, 1)

@@ -7,7 +7,8 @@
     │   └── NotMigratedError         batchrun's tables are missing: run `batchrun db migrate`
     ├── MailError                    a message could not be sent; carries a reason
     │   ├── TemporaryMailError       worth retrying later (4xx, timeout, throttling)
-    │   │   └── MailConnectionError  the backend itself is unreachable (feeds the breaker)
+    │   │   ├── MailConnectionError  the backend itself is unreachable (feeds the breaker)
+    │   │   └── ThrottledError       the provider said slow down: resend, not a failure
     │   └── PermanentMailError       never worth retrying (5xx for the recipient, rejected)
     └── QueueError                   the retry queue failed or cannot be reached
 
@@ -58,6 +59,19 @@ class TemporaryMailError(MailError):
 
 class MailConnectionError(TemporaryMailError):
     """The mail backend itself is down, refusing or hanging."""
+
+
+class ThrottledError(TemporaryMailError):
+    """The provider asked us to slow down; the message was not sent and may be resent at once.
+
+    Never counts as the user failing, nor as the backend being down: the sender lowers its
+    rate (``batchrun.ratelimit.AdaptiveRate``) and resends.
+    """
+
+    def __init__(self, reason: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(reason)
+        # the provider's own hint (e.g. a Retry-After header), when it gave one
+        self.retry_after_s = retry_after_s
 
 
 class PermanentMailError(MailError):

@@ -6,7 +6,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from batchrun.errors import ConfigError
 
@@ -25,6 +25,21 @@ def _float(env: Mapping[str, str], key: str, default: float, *, minimum: float =
         raise ConfigError(f"{key} must be a number, got {raw!r}") from None
     if not math.isfinite(value) or value < minimum:
         raise ConfigError(f"{key} must be a finite number of at least {minimum:g}, got {raw!r}")
+    return value
+
+
+def parse_rate(text: str, what: str = "--rate") -> float | Literal["auto"]:
+    """A send rate: a positive number of emails per second, or ``auto``."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(
+            f"{what} must be a number of emails per second or 'auto', got {text!r}"
+        ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{what} must be a positive number or 'auto', got {text!r}")
     return value
 
 
@@ -49,7 +64,7 @@ class Settings:
     card_message: str = "Happy birthday!"
     deadline_margin_ms: int | None = None
     concurrency: int = 20  # the Lambda's; the CLI takes --concurrency
-    rate: float | None = None  # the Lambda's; the CLI takes --rate
+    rate: float | Literal["auto"] | None = None  # the Lambda's; the CLI takes --rate
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -72,7 +87,7 @@ class Settings:
             card_message=env.get("BATCHRUN_CARD_MESSAGE") or "Happy birthday!",
             deadline_margin_ms=_int(env, "BATCHRUN_DEADLINE_MARGIN_MS", 0) if margin else None,
             concurrency=_int(env, "BATCHRUN_CONCURRENCY", 20, minimum=1),
-            rate=_float(env, "BATCHRUN_RATE", 0.0, minimum=0.001) if rate else None,
+            rate=parse_rate(rate, "BATCHRUN_RATE") if rate else None,
             extra={k: v for k, v in env.items() if k.startswith("AWS_")},
         )
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import html
 import logging
+import random
 import time
 import uuid
 from collections import deque
@@ -30,6 +31,7 @@ from batchrun.errors import (
     PermanentMailError,
     QueueError,
     TemporaryMailError,
+    ThrottledError,
 )
 from batchrun.jobs.month import Month, parse_month
 from batchrun.mail.base import Mailer, Message, valid_address
@@ -40,12 +42,15 @@ from batchrun.queue.base import (
     RetryQueue,
     backoff_s,
 )
+from batchrun.ratelimit import AdaptiveRate
 from batchrun.settings import Settings
 
 log = logging.getLogger(__name__)
 
 JOB = "birthday"
 CARD_STATUS = 1
+MAX_THROTTLED = 20  # sends of one message under throttling before it goes to the retry queue
+DEFAULT_AUTO_RATE = 10.0  # where --rate auto starts when the provider does not say its limit
 
 
 @dataclass
@@ -66,6 +71,9 @@ class Summary:
     left_pending: int = 0  # claimed but not worked on when the run stopped (released)
     continuation: bool = False  # the rest of the month was handed on through the queue
     stopped: str | None = None
+    throttles: int = 0  # sends the provider throttled (slowed down and sent again)
+    send_rate: float | None = None  # the pace the adaptive rate settled at (sends/s)
+    send_rate_peak: float | None = None
     duration_s: float = 0.0
 
     @property
@@ -160,7 +168,7 @@ class Options:
     """Run options from the CLI or the Lambda event."""
 
     concurrency: int = 20
-    rate: float | None = None
+    rate: float | Literal["auto"] | None = None  # "auto": up to the provider's own limit
     page_size: int = 500
     limit: int | None = None
     handoff: bool = False  # on a stop, hand the rest of the month on through the queue
@@ -305,6 +313,8 @@ class BirthdayJob:
         self.queue = queue
         self.settings = settings
         self.stop = stop or StopToken()
+        self.throttles = 0  # sends the provider throttled, over this job's life
+        self._retry_limiter: AdaptiveRate | None = None  # one pacer for a whole retry drain
         self.lease_ms = int(settings.lease_s * 1000)
         self.poll_s = min(1.0, settings.lease_s / 5)
         domain = parseaddr(settings.sender)[1].rpartition("@")[2] or "localhost"
@@ -334,12 +344,14 @@ class BirthdayJob:
             self.store, self.queue, month=month, me=me, summary=summary, enqueue=True
         )
         breaker = CircuitBreaker(self.settings.breaker_threshold)
+        limiter = await self.make_limiter(options)
+        throttles_before = self.throttles
         runner: Runner[Task] = Runner(
             concurrency=options.concurrency,
-            rate=options.rate,
             stop=self.stop,
             grace_s=options.grace_s,
             on_progress=options.on_progress,
+            limiter=limiter,
         )
         pager = _Pager(self, month, me, options, summary, runner, start_after=after)
         heartbeat = asyncio.create_task(self._heartbeat(me))
@@ -373,8 +385,27 @@ class BirthdayJob:
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
             await recorder.close()
+        summary.throttles = self.throttles - throttles_before
+        if limiter is not None:
+            summary.send_rate = round(limiter.settled, 2)
+            summary.send_rate_peak = round(limiter.peak, 2)
         summary.duration_s = time.monotonic() - started
         return summary
+
+    async def make_limiter(self, options: Options) -> AdaptiveRate | None:
+        """The send pacer for ``options.rate``: AIMD from that rate, or from the provider's."""
+        if options.rate is None:
+            return None
+        if options.rate == "auto":
+            probe = getattr(self.mailer, "max_send_rate", None)
+            ceiling = await probe() if probe is not None else None
+            if ceiling is None:
+                log.warning(
+                    "the mail backend states no send rate: starting --rate auto at %g/s",
+                    DEFAULT_AUTO_RATE,
+                )
+            return AdaptiveRate(ceiling or DEFAULT_AUTO_RATE, ceiling=ceiling)
+        return AdaptiveRate(options.rate, ceiling=options.rate)
 
     async def _dry_run(self, month: Month, options: Options, summary: Summary, after: int) -> None:
         """Count what a run would do; reads only."""
@@ -445,9 +476,12 @@ class BirthdayJob:
     ) -> Outcome:
         if breaker.open:
             return Outcome(State.RETRYING, "mail backend unreachable (circuit breaker open)")
+        message = self.message(task)
         try:
-            async with runner.limiter:
-                await mailer.send(self.message(task))
+            await self._send_paced(message, runner, mailer)
+        except ThrottledError as exc:
+            breaker.success()
+            return Outcome(State.RETRYING, f"still throttled after {MAX_THROTTLED} tries: {exc}")
         except PermanentMailError as exc:
             breaker.success()
             return Outcome(State.FAILED, exc.reason)
@@ -464,6 +498,27 @@ class BirthdayJob:
             return Outcome(State.RETRYING, exc.reason)
         breaker.success()
         return Outcome(State.SENT)
+
+    async def _send_paced(self, message: Message, runner: Runner[Task], mailer: Mailer) -> None:
+        """Send through the limiter; on throttling slow down and send the same message again.
+
+        Throttling is the provider asking for a lower rate, not the user failing: the
+        adaptive limiter halves its rate when a ThrottledError leaves its block, and the
+        message goes again at the new pace.
+        """
+        for attempt in range(1, MAX_THROTTLED + 1):
+            try:
+                async with runner.limiter:
+                    await mailer.send(message)
+                return
+            except ThrottledError as exc:
+                self.throttles += 1
+                if attempt == MAX_THROTTLED or self.stop.aborting:
+                    raise
+                if not isinstance(runner.limiter, AdaptiveRate):
+                    # No pacer to slow down: back off this send alone, with jitter.
+                    pause = exc.retry_after_s or min(5.0, 0.1 * 2**attempt)
+                    await asyncio.sleep(pause * random.uniform(0.5, 1.0))
 
     def message(self, task: Task) -> Message:
         """The birthday email of ``task``, with a Message-ID stable per (job, year, user)."""
@@ -733,12 +788,14 @@ class BirthdayJob:
         assert self.mailer is not None and self.queue is not None
         mailer, max_receives = self.mailer, self.queue.max_receives
         recorder = Recorder(self.store, self.queue, month=month, me=me, summary=None, enqueue=False)
+        if self._retry_limiter is None:
+            self._retry_limiter = await self.make_limiter(options)
         runner: Runner[Task] = Runner(
             concurrency=options.concurrency,
-            rate=options.rate,
             stop=self.stop,
             grace_s=options.grace_s,
             on_progress=options.on_progress,
+            limiter=self._retry_limiter,
         )
         breaker = CircuitBreaker(self.settings.breaker_threshold)
         outcomes: dict[int, Outcome] = {}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import email.policy
 import math
+import re
 import unicodedata
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.message import EmailMessage
@@ -28,6 +30,8 @@ SCHEMES = ("smtp", "smtps", "file", "console", "discard", "ses")
 _ACCEPTED = ", ".join(f"{scheme}://" for scheme in SCHEMES)
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
+# eu-west-1, us-gov-west-1, ap-southeast-5 ...; anything else is a typo, not a region.
+_REGION = re.compile(r"[a-z]{2}(-[a-z0-9]+)+")
 
 
 def clean_text(value: str, limit: int | None = None) -> str:
@@ -117,14 +121,24 @@ class Mailer(Protocol):
     async def close(self) -> None: ...
 
 
-def from_url(url: str, *, timeout: float = 10.0, pool_size: int = 4) -> Mailer:
+def from_url(
+    url: str,
+    *,
+    timeout: float = 10.0,
+    pool_size: int = 4,
+    env: Mapping[str, str] | None = None,
+) -> Mailer:
     """Return the mail backend a ``--mail`` URL names; imports only that backend.
 
     Args:
         url: ``smtp://[user:pass@]host[:port][?starttls=1&pool=N&timeout=S]``,
-            ``smtps://...`` (implicit TLS), ``file://DIR``, ``console://`` or ``discard://``.
+            ``smtps://...`` (implicit TLS), ``ses://REGION`` (``ses://`` alone takes
+            ``AWS_REGION``), ``file://DIR``, ``console://`` or ``discard://``.
         timeout: connect and send timeout in seconds (``?timeout=`` overrides it).
-        pool_size: most SMTP connections kept open at once (``?pool=`` overrides it).
+        pool_size: most SMTP connections kept open at once (``?pool=`` overrides it);
+            for SES, the HTTP connection pool (at least 10).
+        env: the ``AWS_*`` variables (``Settings.extra``) for ``ses://``: region,
+            endpoint (``AWS_ENDPOINT_URL_SESV2``, ``AWS_ENDPOINT_URL``) and keys.
 
     Raises:
         ConfigError: an unknown scheme or an unusable URL; the message never holds the
@@ -140,7 +154,7 @@ def from_url(url: str, *, timeout: float = 10.0, pool_size: int = 4) -> Mailer:
     if scheme in ("smtp", "smtps"):
         return _smtp_from_parts(parts, scheme, timeout=timeout, pool_size=pool_size)
     if scheme == "ses":
-        raise ConfigError("ses:// mail needs the AWS backends, not built yet")
+        return _ses_from_parts(parts, env or {}, timeout=timeout, pool_size=pool_size)
     _reject_query(parts, scheme)
     if scheme == "file":
         # file://outbox is relative (the host part is the first path segment);
@@ -164,6 +178,32 @@ def _reject_query(parts: SplitResult, scheme: str) -> None:
     """Refuse query options on a scheme that has none, rather than ignore a typo."""
     if parts.query:
         raise ConfigError(f"{scheme}:// mail URL takes no options (got ?{parts.query})")
+
+
+def _ses_from_parts(
+    parts: SplitResult, env: Mapping[str, str], *, timeout: float, pool_size: int
+) -> Mailer:
+    """Build an SesMailer from a parsed ``ses://REGION`` URL."""
+    _reject_query(parts, "ses")
+    if parts.path.strip("/") or "@" in parts.netloc or ":" in parts.netloc:
+        raise ConfigError("ses:// mail URL takes only a region, e.g. ses://eu-west-1")
+    region = parts.netloc.lower() or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or ""
+    if not region:
+        raise ConfigError("ses:// mail URL needs a region (ses://eu-west-1) or AWS_REGION")
+    if not _REGION.fullmatch(region):
+        raise ConfigError(f"ses:// mail URL region {region!r} is not an AWS region name")
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise ConfigError(f"mail timeout must be a positive number of seconds, not {timeout!r}")
+    if pool_size < 1:
+        raise ConfigError(f"mail pool size must be at least 1, not {pool_size!r}")
+    # Imported here so a deployment that never names ses:// never imports aioboto3.
+    try:
+        from batchrun.mail.ses import SesMailer
+    except ImportError as exc:
+        raise ConfigError(
+            f"ses:// mail needs aioboto3 (pip install 'batchrun[aws]'): {exc}"
+        ) from None
+    return SesMailer(region, env=env, timeout=timeout, pool_size=pool_size)
 
 
 def _smtp_from_parts(parts: SplitResult, scheme: str, *, timeout: float, pool_size: int) -> Mailer:

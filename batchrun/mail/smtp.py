@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
 import time
 
@@ -14,6 +15,7 @@ from batchrun.errors import (
     MailError,
     PermanentMailError,
     TemporaryMailError,
+    ThrottledError,
 )
 from batchrun.mail.base import Message
 
@@ -248,6 +250,10 @@ class SmtpMailer:
     def _reply_error(self, exc: aiosmtplib.SMTPResponseException) -> MailError:
         """Map an SMTP error reply to the MailError it means for this message."""
         reason = self._scrub(_describe(exc.code, exc.message))
+        if exc.code == 454 or (400 <= exc.code < 500 and _THROTTLE.search(exc.message)):
+            # "454 Throttling failure: Maximum sending rate exceeded" and its kin: the
+            # server wants a lower rate; the job slows down and sends the message again.
+            return ThrottledError(reason)
         if exc.code == 421:
             # The server is closing the channel: a connection-level failure.
             return MailConnectionError(reason)
@@ -266,6 +272,9 @@ class SmtpMailer:
         if self._password:
             text = text.replace(self._password, "***")
         return text
+
+
+_THROTTLE = re.compile(r"throttl|sending rate|rate limit|too many|slow down", re.IGNORECASE)
 
 
 def _describe(code: int, message: str) -> str:
