@@ -89,7 +89,16 @@ def test_display_name_round_trips_through_rfc2047(name: str) -> None:
 def test_control_characters_in_name_or_subject_never_add_a_header(hostile: str) -> None:
     raw, parsed = parse(make_message(to_name=hostile, subject=hostile))
     assert sorted(parsed.keys()) == sorted(
-        ["From", "To", "Subject", "Date", "Message-ID", "MIME-Version", "Content-Type"]
+        [
+            "From",
+            "To",
+            "Subject",
+            "Date",
+            "Message-ID",
+            "X-Batchrun-Id",
+            "MIME-Version",
+            "Content-Type",
+        ]
     )
     assert "Bcc" not in parsed
     for line in header_block(raw).split(b"\r\n"):
@@ -116,6 +125,7 @@ def test_message_has_id_date_and_both_utf8_parts() -> None:
     message = make_message()
     _, parsed = parse(message)
     assert parsed["Message-ID"] == "<birthday.2025.42@example.com>"
+    assert parsed["X-Batchrun-Id"] == parsed["Message-ID"]  # survives SES's own Message-ID
     assert parsed["From"] == "Birthday Team <birthday@example.com>"
     assert parsed["Subject"] == "Happy birthday, Zoë 🎂"
     assert parsed.get_content_type() == "multipart/alternative"

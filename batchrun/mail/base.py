@@ -108,6 +108,9 @@ class Message:
         msg["Subject"] = clean_text(self.subject)
         msg["Date"] = format_datetime(datetime.now(UTC))
         msg["Message-ID"] = self.message_id
+        # SES replaces Message-ID with its own; this copy survives, so a downstream system
+        # can still drop the one duplicate a crash may cause (DESIGN.md, invariant 3).
+        msg["X-Batchrun-Id"] = self.message_id
         msg.set_content(self.text, charset="utf-8")
         msg.add_alternative(self.html, subtype="html", charset="utf-8")
         return msg
