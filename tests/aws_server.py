@@ -20,10 +20,14 @@ environment; tests never mutate ``os.environ``.
 
 from __future__ import annotations
 
+import http.client
+import json
 import socket
 import urllib.request
-from typing import Self
+from collections.abc import Callable
+from typing import Any, Self
 
+from aiobotocore.awsrequest import AioAWSResponse
 from moto.server import ThreadedMotoServer
 
 HOST = "127.0.0.1"
@@ -80,3 +84,52 @@ class MotoServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def moto_raw_messages(server: MotoServer) -> list[dict[str, Any]]:
+    """What moto holds as sent, through its backend-introspection endpoint."""
+    connection = http.client.HTTPConnection(HOST, server.port, timeout=10)
+    try:
+        connection.request("GET", "/moto-api/data.json")
+        data = json.load(connection.getresponse())
+    finally:
+        connection.close()
+    messages: list[dict[str, Any]] = data["ses"]["RawMessage"]
+    return messages
+
+
+class Body:
+    """The raw body of a canned HTTP response."""
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        self.payload = payload
+
+    async def read(self) -> bytes:
+        return json.dumps(self.payload).encode()
+
+
+def answer_with(
+    status: int,
+    code: str | None,
+    payload: dict[str, Any],
+    *,
+    times: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> Callable[..., AioAWSResponse | None]:
+    """A ``before-send`` handler answering with a canned sesv2 (rest-json) response.
+
+    moto never throttles nor suspends an account: the reply is made here and botocore
+    parses it exactly as one from SES. ``times`` answers only that many calls.
+    """
+    calls: list[str] = []
+
+    def handler(request: Any, **_: Any) -> AioAWSResponse | None:
+        if times is not None and len(calls) >= times:
+            return None
+        calls.append(request.url)
+        reply_headers = {"Content-Type": "application/json", **(headers or {})}
+        if code is not None:
+            reply_headers["x-amzn-ErrorType"] = code
+        return AioAWSResponse(request.url, status, reply_headers, Body(payload))
+
+    return handler

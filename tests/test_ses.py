@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import email
 import email.policy
-import http.client
 import json
 import socket
 import subprocess
@@ -16,8 +15,7 @@ from typing import Any
 
 import aioboto3
 import pytest
-from aiobotocore.awsrequest import AioAWSResponse
-from aws_server import HOST, MotoServer
+from aws_server import HOST, MotoServer, answer_with, moto_raw_messages
 
 from batchrun.errors import (
     ConfigError,
@@ -88,61 +86,12 @@ def message(user_id: int = 42, to_addr: str = "ada@example.org") -> Message:
     )
 
 
-def moto_raw_messages(server: MotoServer) -> list[dict[str, Any]]:
-    """What moto holds as sent, through its backend-introspection endpoint."""
-    connection = http.client.HTTPConnection(HOST, server.port, timeout=10)
-    try:
-        connection.request("GET", "/moto-api/data.json")
-        data = json.load(connection.getresponse())
-    finally:
-        connection.close()
-    messages: list[dict[str, Any]] = data["ses"]["RawMessage"]
-    return messages
-
-
 def canonical(raw: bytes) -> bytes:
     """``raw`` without its Date header and with a fixed MIME boundary."""
     boundary = email.message_from_bytes(raw).get_boundary()
     assert boundary
     lines = raw.replace(boundary.encode(), b"BOUNDARY").split(b"\r\n")
     return b"\r\n".join(line for line in lines if not line.startswith(b"Date: "))
-
-
-class Body:
-    """The raw body of a canned HTTP response."""
-
-    def __init__(self, payload: dict[str, Any]) -> None:
-        self.payload = payload
-
-    async def read(self) -> bytes:
-        return json.dumps(self.payload).encode()
-
-
-def answer_with(
-    status: int,
-    code: str | None,
-    payload: dict[str, Any],
-    *,
-    times: int | None = None,
-    headers: dict[str, str] | None = None,
-) -> Callable[..., AioAWSResponse | None]:
-    """A ``before-send`` handler answering with a canned sesv2 (rest-json) response.
-
-    moto never throttles nor suspends an account: the reply is made here and botocore
-    parses it exactly as one from SES. ``times`` answers only that many calls.
-    """
-    calls: list[str] = []
-
-    def handler(request: Any, **_: Any) -> AioAWSResponse | None:
-        if times is not None and len(calls) >= times:
-            return None
-        calls.append(request.url)
-        reply_headers = {"Content-Type": "application/json", **(headers or {})}
-        if code is not None:
-            reply_headers["x-amzn-ErrorType"] = code
-        return AioAWSResponse(request.url, status, reply_headers, Body(payload))
-
-    return handler
 
 
 # -- sending ------------------------------------------------------------------------------
