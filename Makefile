@@ -29,9 +29,10 @@ test: install  ## the test suite (MySQL tests need MariaDB on 127.0.0.1:3306, or
 	$(BIN)/python -m pytest
 
 lint: install  ## ruff and mypy --strict
-	$(BIN)/ruff check batchrun tests
-	$(BIN)/ruff format --check batchrun tests
+	$(BIN)/ruff check batchrun tests deploy
+	$(BIN)/ruff format --check batchrun tests deploy
 	$(BIN)/mypy
+	$(BIN)/mypy deploy/build_lambda.py
 
 format: install
 	$(BIN)/ruff format batchrun tests
@@ -39,3 +40,21 @@ format: install
 
 clean:
 	rm -rf .demo dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: bench bench-quick
+
+bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling (MariaDB on 127.0.0.1:3306)
+	$(BIN)/python -m bench.run --repeat 3 --json bench/results.json
+
+bench-quick: install  ## a smoke run of the benchmark: 20k users, naive at 5k and 20k
+	$(BIN)/python -m bench.run --quick --json bench/results-quick.json
+
+# The Lambda zips (deploy/README.md). LAMBDA_PYTHON: a python3.12 to precompile with
+# (.pyc files halve the cold start); without one on PATH the zips ship sources only.
+LAMBDA_PYTHON ?=
+LAMBDA_COMPILE := $(if $(LAMBDA_PYTHON),--compile-with $(LAMBDA_PYTHON))
+
+.PHONY: lambda
+lambda: install  ## dist/batchrun-lambda.zip (x86_64) and dist/batchrun-lambda-arm64.zip, for python3.12
+	$(BIN)/python deploy/build_lambda.py --arch x86_64 --python 3.12 --out dist/batchrun-lambda.zip $(LAMBDA_COMPILE)
+	$(BIN)/python deploy/build_lambda.py --arch arm64 --python 3.12 --out dist/batchrun-lambda-arm64.zip $(LAMBDA_COMPILE)

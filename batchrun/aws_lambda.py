@@ -25,6 +25,7 @@ import logging
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -34,6 +35,7 @@ from batchrun.errors import BatchrunError, UsageError
 from batchrun.jobs.birthday import BirthdayJob, Options, Summary, Verdict
 from batchrun.jobs.month import Month, parse_month
 from batchrun.queue.base import Received
+from batchrun.secrets import database_url
 from batchrun.settings import Settings
 from batchrun.urls import mask_text
 
@@ -67,6 +69,10 @@ def handle(
     try:
         settings = Settings.from_env(environ)
         kind = _kind(event)
+        if settings.db_secret_arn:
+            # Resolved before anything connects, so every error below is masked with it.
+            url = asyncio.run(database_url(settings.db_secret_arn, settings.extra))
+            settings = replace(settings, db_url=url)
         result, metrics = asyncio.run(_handle(event, context, settings, kind))
     except BatchrunError as exc:
         text = mask_text(str(exc), settings.db_url, settings.mail_url, settings.retry_queue_url)

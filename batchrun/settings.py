@@ -63,6 +63,7 @@ class Settings:
     retry_max_backoff_s: float = 3600.0
     card_message: str = "Happy birthday!"
     deadline_margin_ms: int | None = None
+    db_secret_arn: str | None = None  # the Lambda's: --db from Secrets Manager, if no --db
     concurrency: int = 20  # the Lambda's; the CLI takes --concurrency
     rate: float | Literal["auto"] | None = None  # the Lambda's; the CLI takes --rate
     extra: Mapping[str, str] = field(default_factory=dict)
@@ -86,6 +87,7 @@ class Settings:
             retry_max_backoff_s=_float(env, "BATCHRUN_RETRY_MAX_BACKOFF_S", 3600.0),
             card_message=env.get("BATCHRUN_CARD_MESSAGE") or "Happy birthday!",
             deadline_margin_ms=_int(env, "BATCHRUN_DEADLINE_MARGIN_MS", 0) if margin else None,
+            db_secret_arn=None if env.get("BATCHRUN_DB") else env.get("BATCHRUN_DB_SECRET_ARN"),
             concurrency=_int(env, "BATCHRUN_CONCURRENCY", 20, minimum=1),
             rate=parse_rate(rate, "BATCHRUN_RATE") if rate else None,
             extra={k: v for k, v in env.items() if k.startswith("AWS_")},

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import boto3
 import pytest
@@ -244,3 +245,40 @@ def test_an_unknown_event_is_one_clear_error(environ: dict[str, str]) -> None:
         aws_lambda.handle({"hello": "world"}, FakeContext(10), environ=environ)
     with pytest.raises(BatchrunError, match="invalid month"):
         aws_lambda.handle({"job": "birthday", "month": "2025-13"}, FakeContext(10), environ=environ)
+
+
+def test_the_database_url_comes_from_secrets_manager(
+    mysql_url: str,
+    smtp_server: SmtpTestServer,
+    environ: dict[str, str],
+    moto_server: MotoServer,
+) -> None:
+    want = prepare(mysql_url, 1200, seed=35)
+    parts = urlsplit(mysql_url)
+    secrets = boto3.client(
+        "secretsmanager",
+        endpoint_url=moto_server.endpoint,
+        region_name=REGION,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    # the JSON shape RDS writes for a managed secret
+    value = {
+        "username": parts.username,
+        "password": parts.password or "",
+        "host": parts.hostname,
+        "port": parts.port,
+        "dbname": parts.path.lstrip("/"),
+    }
+    arn = secrets.create_secret(Name="batchrun/db", SecretString=json.dumps(value))["ARN"]
+    configured = {k: v for k, v in environ.items() if k != "BATCHRUN_DB"}
+    configured["BATCHRUN_DB_SECRET_ARN"] = arn
+    result = aws_lambda.handle(
+        load_event("on_demand_dry_run.json"), FakeContext(60), environ=configured
+    )
+    assert result["eligible"] >= len(want)
+
+    configured["BATCHRUN_DB_SECRET_ARN"] = arn.replace("batchrun/db", "nope")
+    with pytest.raises(BatchrunError, match="cannot read the database secret") as caught:
+        aws_lambda.handle(load_event("on_demand_dry_run.json"), FakeContext(60), environ=configured)
+    assert "ResourceNotFoundException" in str(caught.value)

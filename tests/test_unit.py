@@ -589,3 +589,18 @@ def test_settings_bad_number_is_config_error(key: str, value: str) -> None:
 def test_settings_non_finite_number_is_config_error(key: str, value: str) -> None:
     with pytest.raises(ConfigError):
         Settings.from_env({key: value})
+
+
+# -- the database secret ------------------------------------------------------------------
+
+
+def test_a_database_secret_may_be_a_url_or_json() -> None:
+    from batchrun.secrets import url_from_secret
+
+    assert url_from_secret(" mysql://u:p@h:3306/d \n") == "mysql://u:p@h:3306/d"
+    assert url_from_secret('{"url": "sqlite:///x.db"}') == "sqlite:///x.db"
+    rds = '{"username": "app", "password": "p@ss:/w", "host": "db", "dbname": "shop"}'
+    assert url_from_secret(rds) == "mysql://app:p%40ss%3A%2Fw@db:3306/shop"
+    for bad in ('{"username": "x"}', "[1]", "{not json"):
+        with pytest.raises(ConfigError):
+            url_from_secret(bad)

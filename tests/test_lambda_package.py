@@ -1,0 +1,378 @@
+"""The Lambda deployment: the SAM template, the zip, and what importing the handler costs.
+
+- ``deploy/template.yaml`` passes cfn-lint, which runs the SAM transform offline
+  (aws-sam-translator) and validates the CloudFormation it generates, and keeps the
+  contract cfn-lint cannot know (timeouts, redrive, least privilege).
+- A zip built for this interpreter, unzipped into an empty folder, runs the handler in a
+  process that sees nothing else (``-S``: no site-packages), so a dependency missing from
+  the zip fails here and not in AWS.
+- Importing ``batchrun.aws_lambda`` imports no backend: an SES deployment's cold start
+  never pays for aiomysql or aiosmtplib, and a dry run never loads botocore.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from aws_server import REGION, MotoServer
+from cfnlint.decode import decode
+from conftest import ROOT
+
+TEMPLATE = ROOT / "deploy" / "template.yaml"
+BUILD = ROOT / "deploy" / "build_lambda.py"
+EVENTS = ROOT / "tests" / "events"
+FUNCTION_TIMEOUT = 900
+SENDER = "birthday@example.com"
+# Backends and their SDKs: each is imported only when a URL scheme asks for it.
+HEAVY = ("aiosmtplib", "aiomysql", "pymysql", "aioboto3", "aiobotocore", "botocore", "boto3")
+# Actions that may name Resource "*": they have no resource-level permissions.
+STAR_ACTIONS = {
+    "ses:GetAccount",
+    "ses:GetSendQuota",
+    "ec2:CreateNetworkInterface",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeSubnets",
+    "ec2:DeleteNetworkInterface",
+    "ec2:AssignPrivateIpAddresses",
+    "ec2:UnassignPrivateIpAddresses",
+}
+CFN_LINT = "import sys; from cfnlint.runner import main; sys.exit(main())"
+
+# Run inside the unzipped package: invoke the handler, then import every backend, and
+# report where each loaded module came from.
+INVOKE = r"""
+import importlib, json, sys
+
+class Context:
+    aws_request_id = "zip-test"
+
+    def get_remaining_time_in_millis(self):
+        return 300_000
+
+from batchrun.aws_lambda import handler
+
+result = handler(json.loads(sys.argv[1]), Context())
+for name in ("batchrun.mail.ses", "batchrun.mail.smtp", "batchrun.queue.sqs", "batchrun.db.mysql"):
+    importlib.import_module(name)
+files = [getattr(m, "__file__", None) for m in list(sys.modules.values())]
+print("RESULT " + json.dumps({"result": result, "files": [f for f in files if f]}))
+"""
+
+
+# -- the template -------------------------------------------------------------------------
+
+
+def cfn_lint(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            *("-c", CFN_LINT, "--format", "parseable", "--include-checks", "I"),
+            *("--regions", "us-east-1", "eu-west-1", "ap-southeast-2"),
+            *("--", str(path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=path.parent,
+    )
+
+
+def test_template_passes_cfn_lint() -> None:
+    result = cfn_lint(TEMPLATE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_cfn_lint_validates_what_the_sam_transform_generates(tmp_path: Path) -> None:
+    """A typo inside an SQS event only shows once SAM turns it into an EventSourceMapping."""
+    broken = tmp_path / "template.yaml"
+    broken.write_text(
+        TEMPLATE.read_text().replace("[ReportBatchItemFailures]", "[ReportBatchItemFailure]")
+    )
+    result = cfn_lint(broken)
+    assert result.returncode != 0 and "ReportBatchItemFailure'" in result.stdout, (
+        "cfn-lint no longer runs the SAM transform (1.54+ validates SAM resources by schema "
+        "only, without aws-sam-translator); keep cfn-lint<1.54 in the dev extra\n"
+        + result.stdout
+        + result.stderr
+    )
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    parsed, problems = decode(str(TEMPLATE))
+    assert not problems, problems
+    assert parsed is not None
+    return dict(parsed)
+
+
+def functions(template: Mapping[str, Any]) -> dict[str, Any]:
+    found = {
+        name: resource["Properties"]
+        for name, resource in template["Resources"].items()
+        if resource["Type"] == "AWS::Serverless::Function"
+    }
+    assert found
+    return found
+
+
+def test_function_queue_and_schedule_keep_the_lambda_contract(template: dict[str, Any]) -> None:
+    common = template["Globals"]["Function"]
+    assert common["Timeout"] == FUNCTION_TIMEOUT
+    assert common["Runtime"] == "python3.12"
+    assert common["Handler"] == "batchrun.aws_lambda.handler"
+    queue = template["Resources"]["RetryQueue"]["Properties"]
+    assert queue["VisibilityTimeout"] >= 6 * FUNCTION_TIMEOUT
+    assert queue["RedrivePolicy"] == {
+        "deadLetterTargetArn": {"Fn::GetAtt": ["DeadLetterQueue", "Arn"]},
+        "maxReceiveCount": {"Ref": "MaxReceiveCount"},
+    }
+    assert template["Parameters"]["MaximumConcurrency"]["MinValue"] == 2
+    arches = set()
+    for props in functions(template).values():
+        arches.update(props["Architectures"])
+        assert props["Role"] == {"Fn::GetAtt": ["FunctionRole", "Arn"]}  # SAM adds nothing
+        assert "Policies" not in props
+        events = {event["Type"]: event["Properties"] for event in props["Events"].values()}
+        assert set(events) == {"Schedule", "SQS"}
+        assert events["Schedule"]["Schedule"] == {"Ref": "ScheduleExpression"}
+        sqs = events["SQS"]
+        assert sqs["Queue"] == {"Fn::GetAtt": ["RetryQueue", "Arn"]}
+        assert sqs["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+        assert sqs["ScalingConfig"] == {"MaximumConcurrency": {"Ref": "MaximumConcurrency"}}
+        assert sqs.get("MaximumBatchingWindowInSeconds", 0) == 0  # else add it to the 6x
+    assert arches == {"x86_64", "arm64"}
+
+
+def test_environment_names_the_secret_not_the_url(template: dict[str, Any]) -> None:
+    env = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert env["BATCHRUN_DB_SECRET_ARN"] == {"Ref": "DbSecretArn"}
+    assert env["BATCHRUN_RETRY_QUEUE"] == {"Ref": "RetryQueue"}  # Ref of a queue: its URL
+    assert {
+        "BATCHRUN_MAIL",
+        "BATCHRUN_FROM",
+        "BATCHRUN_CONCURRENCY",
+        "BATCHRUN_RATE",
+        "BATCHRUN_MAX_RECEIVES",
+    } <= set(env)
+    assert "BATCHRUN_DB" not in env
+    assert "Default" not in template["Parameters"]["DbSecretArn"]
+
+
+def test_role_grants_only_what_the_function_uses(template: dict[str, Any]) -> None:
+    role = template["Resources"]["FunctionRole"]["Properties"]
+    assert "ManagedPolicyArns" not in role
+    statements: list[dict[str, Any]] = []
+    for policy in role["Policies"]:
+        for statement in policy["PolicyDocument"]["Statement"]:
+            if "Fn::If" in statement:  # [condition, statement, AWS::NoValue]
+                statement = statement["Fn::If"][1]
+            statements.append(statement)
+    by_sid = {s["Sid"]: s for s in statements}
+    for statement in statements:
+        assert statement["Effect"] == "Allow"
+        actions = statement["Action"]
+        actions = [actions] if isinstance(actions, str) else actions
+        assert all(":" in a and not a.endswith("*") for a in actions), actions
+        if statement["Resource"] == "*":
+            assert set(actions) <= STAR_ACTIONS, statement["Sid"]
+    queues = [{"Fn::GetAtt": ["RetryQueue", "Arn"]}, {"Fn::GetAtt": ["DeadLetterQueue", "Arn"]}]
+    assert by_sid["RetryQueues"]["Resource"] == queues
+    assert all(a.startswith("sqs:") for a in by_sid["RetryQueues"]["Action"])
+    assert by_sid["DatabaseUrl"]["Resource"] == {"Ref": "DbSecretArn"}
+    send = by_sid["SendAsTheSenderOnly"]
+    assert set(send["Action"]) == {"ses:SendEmail", "ses:SendRawEmail"}
+    assert send["Condition"] == {"StringEquals": {"ses:FromAddress": {"Ref": "SenderAddress"}}}
+    assert all(":identity/" in json.dumps(r) for r in send["Resource"])
+
+
+# -- cold start ---------------------------------------------------------------------------
+
+
+def test_importing_the_handler_imports_no_backend(tmp_path: Path) -> None:
+    code = (
+        "import json, sys, batchrun.aws_lambda; "
+        "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=tmp_path,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = set(json.loads(result.stdout))
+    assert "batchrun" in loaded
+    assert not loaded & set(HEAVY), f"imported at cold start: {sorted(loaded & set(HEAVY))}"
+
+
+# -- the zip ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lambda_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A zip built for this interpreter, unzipped into an empty folder (like /var/task)."""
+    out = tmp_path_factory.mktemp("zip") / "batchrun-lambda.zip"
+    build = subprocess.run(
+        [sys.executable, str(BUILD), "--arch", "local", "--out", str(out), "-q"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        cwd=ROOT,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    root = tmp_path_factory.mktemp("task")
+    assert not any(root.iterdir())
+    with zipfile.ZipFile(out) as archive:
+        names = archive.namelist()
+        assert "batchrun/aws_lambda.py" in names
+        assert any(n.startswith("batchrun/sql/") and n.endswith(".sql") for n in names)
+        assert not any(n.startswith("bin/") or n.endswith("direct_url.json") for n in names)
+        archive.extractall(root)
+    return root
+
+
+def prepare_db(tmp_path: Path, users: int = 500) -> str:
+    """A migrated, seeded SQLite file, made with this checkout's CLI."""
+    url = f"sqlite:///{tmp_path / 'app.db'}"
+    env = {**os.environ, "BATCHRUN_DB": url}
+    for args in (["db", "migrate"], ["db", "seed", "--users", str(users)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "batchrun", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            env=env,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+    return url
+
+
+def dry_run_eligible(url: str, month: str) -> int:
+    done = subprocess.run(
+        [sys.executable, "-m", "batchrun", "birthday", "--month", month, "--dry-run", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "BATCHRUN_DB": url},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return int(json.loads(done.stdout)["eligible"])
+
+
+def invoke_from(root: Path, event: Mapping[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """The handler in a clean process that sees only ``root`` and the standard library."""
+    done = subprocess.run(
+        [sys.executable, "-S", "-s", "-c", INVOKE, json.dumps(event)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=root,
+        env={
+            "PYTHONPATH": str(root),
+            "PYTHONDONTWRITEBYTECODE": "1",  # /var/task is read-only
+            "LAMBDA_TASK_ROOT": str(root),
+            "LANG": "C.UTF-8",
+            "TZ": "UTC",
+            **env,
+        },
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    (report,) = (line for line in lines if line.startswith("RESULT "))
+    for line in lines:
+        if line != report:
+            json.loads(line)  # the function's log: JSON lines only
+    payload: dict[str, Any] = json.loads(report.removeprefix("RESULT "))
+    stray = [f for f in payload["files"] if "site-packages" in f or "dist-packages" in f]
+    assert not stray, f"modules loaded from outside the zip: {stray[:5]}"
+    batchrun_files = [f for f in payload["files"] if "/batchrun/" in f]
+    assert batchrun_files and all(f.startswith(str(root)) for f in batchrun_files)
+    result: dict[str, Any] = payload["result"]
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_zip_alone_runs_an_on_demand_dry_run(lambda_root: Path, tmp_path: Path) -> None:
+    url = prepare_db(tmp_path)
+    event = json.loads((EVENTS / "on_demand_dry_run.json").read_text())
+    result = invoke_from(lambda_root, event, {"BATCHRUN_DB": url})
+    assert result["dry_run"] is True
+    assert result["eligible"] > 0
+    assert result["eligible"] == dry_run_eligible(url, event["month"])
+    assert result["cards_created"] == result["emails_sent"] == 0
+
+
+@pytest.fixture(scope="module")
+def moto_server() -> Iterator[MotoServer]:
+    with MotoServer() as server:
+        yield server
+
+
+def aws_client(server: MotoServer, service: str) -> Any:
+    return boto3.client(
+        service,
+        endpoint_url=server.endpoint,
+        region_name=REGION,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_zip_alone_sends_through_ses_with_an_sqs_retry_queue(
+    lambda_root: Path, tmp_path: Path, moto_server: MotoServer
+) -> None:
+    """The scheduled run, not a dry run: aioboto3, botocore and aiohttp from the zip."""
+    moto_server.reset()
+    sqs = aws_client(moto_server, "sqs")
+    dlq = sqs.create_queue(QueueName="batchrun-dlq")["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]
+    policy = json.dumps({"deadLetterTargetArn": dlq_arn["QueueArn"], "maxReceiveCount": "5"})
+    queue = sqs.create_queue(QueueName="batchrun-retry", Attributes={"RedrivePolicy": policy})
+    ses = aws_client(moto_server, "ses")
+    ses.verify_email_identity(EmailAddress=SENDER)
+    url = prepare_db(tmp_path)
+    eligible = dry_run_eligible(url, "2025-06")
+    event = json.loads((EVENTS / "schedule.json").read_text())
+    result = invoke_from(
+        lambda_root,
+        event,
+        {
+            **moto_server.env,
+            "BATCHRUN_DB": url,  # the handler's own (the template passes a secret's ARN)
+            "BATCHRUN_MAIL": f"ses://{REGION}",
+            "BATCHRUN_FROM": SENDER,
+            "BATCHRUN_RETRY_QUEUE": queue["QueueUrl"],
+        },
+    )
+    assert result["month"] == "2025-06"
+    assert result["dry_run"] is False
+    assert result["eligible"] == eligible > 0
+    sendable = eligible - result["skipped"]  # invalid addresses: no card, no mail
+    assert result["cards_created"] == result["emails_sent"] == sendable > 0
+    assert result["failed"] == result["queued_for_retry"] == 0
+    # moto counts a raw message once per Destination and once per To header: not a count.
+    assert ses.get_send_quota()["SentLast24Hours"] > 0
+    for url in (queue["QueueUrl"], dlq):
+        depth = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert depth["ApproximateNumberOfMessages"] == "0"
+        assert depth["ApproximateNumberOfMessagesNotVisible"] == "0"
