@@ -42,6 +42,24 @@ def check_urls(settings: Settings, *, mail: bool) -> None:
         )
 
 
+async def open_queue(
+    settings: Settings, url: str | None, store: Store, *, concurrency: int
+) -> RetryQueue:
+    """The queue at ``url`` (None: the table in the job's database), opened.
+
+    Opening fails here, before any mail is sent, on a missing queue or bad credentials.
+    """
+    queue = queue_from_url(
+        url,
+        db=store.db,
+        max_receives=settings.max_receives,
+        env=settings.extra,
+        concurrency=concurrency,
+    )
+    await queue.open()
+    return queue
+
+
 @contextlib.asynccontextmanager
 async def open_backends(
     settings: Settings,
@@ -64,15 +82,9 @@ async def open_backends(
         if migrated:
             await store.check_migrated()
         if queue:
-            retry_queue = queue_from_url(
-                settings.retry_queue_url,
-                db=database,
-                max_receives=settings.max_receives,
-                env=settings.extra,
-                concurrency=concurrency,
+            retry_queue = await open_queue(
+                settings, settings.retry_queue_url, store, concurrency=concurrency
             )
-            # Fail here, before any mail is sent, on a missing queue or bad credentials.
-            await retry_queue.open()
         if mail:
             mailer = mailer_from_url(
                 settings.mail_url,

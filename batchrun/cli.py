@@ -34,7 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 from batchrun import engine
-from batchrun.backends import open_backends
+from batchrun.backends import open_backends, open_queue
 from batchrun.errors import BatchrunError, ConfigError
 from batchrun.jobs.birthday import BirthdayJob, Options
 from batchrun.jobs.month import Month, parse_month
@@ -264,6 +264,18 @@ def birthday(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON summary on stdout.")
     ] = False,
+    fan_out: Annotated[
+        str | None,
+        typer.Option(
+            "--fan-out",
+            metavar="QUEUE_URL",
+            help="Do not send: queue the month's unfinished users as id ranges (shards) on "
+            "this queue, for `batchrun worker` processes or the SQS-triggered Lambda.",
+        ),
+    ] = None,
+    shard_size: Annotated[
+        int, typer.Option("--shard-size", min=1, help="Users per shard with --fan-out.")
+    ] = 1000,
 ) -> None:
     """Give every active user born in MONTH one gift card for the year and one birthday email.
 
@@ -273,6 +285,8 @@ def birthday(
     settings: Settings = ctx.obj.settings
     which = _month(month)
     pace = _rate(rate)
+    if fan_out is not None:
+        return _run(ctx, lambda: _fan_out(settings, which, fan_out, shard_size, as_json))
 
     async def go() -> int:
         stop = engine.StopToken()
@@ -309,6 +323,110 @@ def birthday(
             )
             return 130
         return summary.exit_code
+
+    _run(ctx, go)
+
+
+async def _fan_out(
+    settings: Settings, which: Month, queue_url: str, shard_size: int, as_json: bool
+) -> int:
+    async with open_backends(settings) as backends:
+        queue = await open_queue(settings, queue_url, backends.store, concurrency=4)
+        try:
+            job = BirthdayJob(backends.store, None, None, settings)
+            result = await job.fan_out(which, queue, shard_size=shard_size)
+        finally:
+            await queue.close()
+    if as_json:
+        print(json.dumps(result.to_json()))
+    else:
+        _table(f"birthday {which} fan-out to {queue.url}", result.to_json())
+    return 0
+
+
+# -- worker --------------------------------------------------------------------------------
+
+
+@app.command("worker")
+def worker(
+    ctx: typer.Context,
+    queue_url: Annotated[
+        str | None,
+        typer.Option(
+            "--queue",
+            metavar="QUEUE_URL",
+            help="The queue to consume (default: the --retry-queue). Use the same queue for "
+            "both, so retries and hand-offs come back to the workers.",
+        ),
+    ] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 20,
+    rate: Annotated[
+        str | None,
+        typer.Option("--rate", help="Emails per second at most for this worker, or 'auto'."),
+    ] = None,
+    prefetch: Annotated[
+        int,
+        typer.Option(
+            "--prefetch", min=1, max=10, help="Messages taken per receive (shards are big)."
+        ),
+    ] = 1,
+    visibility: Annotated[
+        float,
+        typer.Option(
+            "--visibility",
+            min=1.0,
+            help="Seconds a taken message stays hidden; extended while it is worked on.",
+        ),
+    ] = 120.0,
+    idle_exit: Annotated[
+        float | None,
+        typer.Option("--idle-exit", min=0.0, help="Exit after the queue stays empty this long."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON summary.")] = False,
+) -> None:
+    """Consume the queue until SIGTERM: fan-out shards, retries and continuations.
+
+    For ECS, EC2 or any host; the SQS-triggered Lambda runs the same processing. SIGTERM
+    finishes the users in flight and hands the rest of the shard on.
+    """
+    settings: Settings = ctx.obj.settings
+    pace = _rate(rate)
+
+    async def go() -> int:
+        stop = engine.StopToken()
+        uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
+        try:
+            async with open_backends(
+                settings, mail=True, queue=True, concurrency=concurrency
+            ) as backends:
+                assert backends.queue is not None
+                consumed = backends.queue
+                if queue_url is not None and queue_url != settings.retry_queue_url:
+                    consumed = await open_queue(
+                        settings, queue_url, backends.store, concurrency=concurrency
+                    )
+                try:
+                    job = BirthdayJob(
+                        backends.store, backends.mailer, backends.queue, settings, stop=stop
+                    )
+                    options = Options(concurrency=concurrency, rate=pace, handoff=True)
+                    result = await job.serve(
+                        consumed,
+                        options,
+                        prefetch=prefetch,
+                        visibility_s=visibility,
+                        idle_exit_s=idle_exit,
+                    )
+                finally:
+                    if consumed is not backends.queue:
+                        await consumed.close()
+        finally:
+            uninstall()
+        if as_json:
+            print(json.dumps(result.to_json()))
+        else:
+            _table("worker", result.to_json())
+        return 0
 
     _run(ctx, go)
 

@@ -26,6 +26,7 @@ class State(IntEnum):
 
 
 FINAL_STATES = frozenset({State.SENT, State.SKIPPED, State.FAILED})
+MAX_ID = 2**63 - 1  # the largest id a BIGINT column (and SQLite's INTEGER) can hold
 
 
 def now_ms() -> int:
@@ -120,20 +121,40 @@ class Store:
         """The plan of the page query, as the database reports it."""
         prefix = self.db.queries.statements["explain_prefix"].text
         page = self.db.queries.statements["eligible_page"]
-        params = {"job": self.job, "year": year, "month": month, "after": 0, "limit": 500}
+        params = {
+            "job": self.job,
+            "year": year,
+            "month": month,
+            "after": 0,
+            "until": MAX_ID,
+            "limit": 500,
+        }
         sql, args = self.db.queries.compile_text("explain", f"{prefix} {page.text}", params)
         return await self.db.fetch_sql(sql, args)
 
     # -- users ----------------------------------------------------------------------------
 
     async def eligible_page(
-        self, *, year: int, month: int, after: int, limit: int
+        self, *, year: int, month: int, after: int, limit: int, until: int = MAX_ID
     ) -> list[Candidate]:
-        """The next keyset page of unfinished users born in ``month``, by id."""
+        """The next keyset page of unfinished users born in ``month``, ids in (after, until]."""
         rows = await self.db.fetchall(
-            "eligible_page", job=self.job, year=year, month=month, after=after, limit=limit
+            "eligible_page",
+            job=self.job,
+            year=year,
+            month=month,
+            after=after,
+            until=until,
+            limit=limit,
         )
         return [Candidate(int(r[0]), r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
+
+    async def eligible_ids(self, *, year: int, month: int, after: int, limit: int) -> list[int]:
+        """The next keyset page of unfinished users' ids only (the fan-out producer's walk)."""
+        rows = await self.db.fetchall(
+            "eligible_ids_page", job=self.job, year=year, month=month, after=after, limit=limit
+        )
+        return [int(r[0]) for r in rows]
 
     async def users_by_id(self, ids: Sequence[int]) -> dict[int, Row]:
         """id -> (id, first_name, last_name, email, status, birth_month)."""

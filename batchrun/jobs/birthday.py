@@ -23,7 +23,7 @@ from email.utils import parseaddr
 from typing import Any, Literal
 
 from batchrun import codes
-from batchrun.db.store import FINAL_STATES, Candidate, Claim, State, Store, now_ms
+from batchrun.db.store import FINAL_STATES, MAX_ID, Candidate, Claim, State, Store, now_ms
 from batchrun.engine import Progress, Runner, StopToken
 from batchrun.errors import (
     DatabaseError,
@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 JOB = "birthday"
 CARD_STATUS = 1
 MAX_THROTTLED = 20  # sends of one message under throttling before it goes to the retry queue
+SEND_BATCH = 10  # SQS's SendMessageBatch limit
+IDLE_POLL_S = 0.5  # a worker's pause between empty receives (SQS long-polls on top)
 DEFAULT_AUTO_RATE = 10.0  # where --rate auto starts when the provider does not say its limit
 
 
@@ -118,6 +120,22 @@ class RetrySummary:
             self.dead_lettered += 1
         elif verdict.action == "poison":
             self.dead_lettered += 1
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["duration_s"] = round(self.duration_s, 3)
+        return data
+
+
+@dataclass
+class FanOut:
+    """What `birthday --fan-out` queued."""
+
+    job: str
+    month: str
+    shards: int = 0
+    users: int = 0
+    duration_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -329,8 +347,10 @@ class BirthdayJob:
         *,
         dry_run: bool = False,
         after: int = 0,
+        until: int = MAX_ID,
     ) -> Summary:
-        """Run the month: every eligible user ends sent, skipped, failed or queued."""
+        """Run the month (users with ids in (after, until]): each ends sent, skipped, failed
+        or queued."""
         options = options or Options()
         summary = Summary(JOB, str(month), dry_run)
         started = time.monotonic()
@@ -353,7 +373,7 @@ class BirthdayJob:
             on_progress=options.on_progress,
             limiter=limiter,
         )
-        pager = _Pager(self, month, me, options, summary, runner, start_after=after)
+        pager = _Pager(self, month, me, options, summary, runner, start_after=after, until=until)
         heartbeat = asyncio.create_task(self._heartbeat(me))
         try:
             result = await runner.run(
@@ -379,7 +399,7 @@ class BirthdayJob:
                 # between are filtered out by the page query itself.
                 unfinished = [t.user_id for t in leftover] + sorted(pager.foreign)
                 resume = min([pager.cursor, *(uid - 1 for uid in unfinished)])
-                await self._continue(month, resume, summary)
+                await self._continue(month, resume, until, summary)
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -428,9 +448,11 @@ class BirthdayJob:
             if options.limit is not None and summary.eligible >= options.limit:
                 return
 
-    async def _continue(self, month: Month, cursor: int, summary: Summary) -> None:
+    async def _continue(self, month: Month, cursor: int, until: int, summary: Summary) -> None:
         assert self.queue is not None
-        body = QueueMessage("continuation", JOB, str(month), after_id=cursor).to_json()
+        body = QueueMessage(
+            "continuation", JOB, str(month), after_id=cursor, until_id=until
+        ).to_json()
         try:
             await self.queue.send([body])
         except QueueError as exc:
@@ -663,20 +685,104 @@ class BirthdayJob:
                 items.extend(got)
             if not items:
                 break
-            verdicts = await self.process(items, options)
-            done = []
-            for item in items:
-                verdict = verdicts[item.message_id]
-                result.count(verdict)
-                if verdict.action == "delete":
-                    done.append(item)
-                elif verdict.action == "later":
-                    await queue.retry_later(item, verdict.delay_s)
-                else:
-                    await queue.dead_letter(item, verdict.reason)
-            await queue.delete(done)
+            await self._process_and_settle(queue, items, options, result, visibility)
         depth, _ = await queue.depths()
         result.remaining = depth
+        result.duration_s = time.monotonic() - started
+        return result
+
+    async def serve(
+        self,
+        queue: RetryQueue,
+        options: Options | None = None,
+        *,
+        prefetch: int = 1,
+        visibility_s: float = 120.0,
+        idle_exit_s: float | None = None,
+    ) -> RetrySummary:
+        """Consume ``queue`` until stopped (or idle for ``idle_exit_s``): shards, retries and
+        continuations, each message kept invisible while it is worked on."""
+        options = options or Options()
+        started = time.monotonic()
+        result = RetrySummary()
+        idle_since = time.monotonic()
+        while not self.stop.stopping:
+            items = await queue.receive(max_messages=prefetch, visibility_s=visibility_s)
+            if not items:
+                if idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s:
+                    break
+                await _sleep_unless(self.stop, IDLE_POLL_S)
+                continue
+            await self._process_and_settle(queue, items, options, result, visibility_s)
+            idle_since = time.monotonic()
+        result.remaining, _ = await queue.depths()
+        result.duration_s = time.monotonic() - started
+        return result
+
+    async def _process_and_settle(
+        self,
+        queue: RetryQueue,
+        items: list[Received],
+        options: Options,
+        result: RetrySummary,
+        visibility_s: float,
+    ) -> None:
+        """Work on received messages, then delete, hide or dead-letter each by its verdict."""
+        keepalive = asyncio.create_task(self._keep_invisible(queue, items, visibility_s))
+        try:
+            verdicts = await self.process(items, options)
+        finally:
+            keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keepalive
+        done = []
+        for item in items:
+            verdict = verdicts[item.message_id]
+            result.count(verdict)
+            if verdict.action == "delete":
+                done.append(item)
+            elif verdict.action == "later":
+                await queue.retry_later(item, verdict.delay_s)
+            else:
+                await queue.dead_letter(item, verdict.reason)
+        await queue.delete(done)
+
+    async def _keep_invisible(
+        self, queue: RetryQueue, items: list[Received], visibility_s: float
+    ) -> None:
+        """Heartbeat: extend the messages' visibility while they are worked on, so a long
+        shard is not delivered to a second consumer; a dead consumer's reappear."""
+        while True:
+            await asyncio.sleep(visibility_s / 3)
+            for item in items:
+                try:
+                    await queue.retry_later(item, visibility_s)
+                except Exception as exc:
+                    log.warning("could not extend message %s: %s", item.message_id, exc)
+
+    async def fan_out(self, month: Month, queue: RetryQueue, *, shard_size: int) -> FanOut:
+        """Queue the month's unfinished users as id ranges (shards) for many consumers."""
+        started = time.monotonic()
+        result = FanOut(JOB, str(month))
+        after = 0
+        batch: list[str] = []
+        while True:
+            ids = await self.store.eligible_ids(
+                year=month.year, month=month.month, after=after, limit=shard_size
+            )
+            if not ids:
+                break
+            shard = QueueMessage("shard", JOB, str(month), after_id=after, until_id=ids[-1])
+            batch.append(shard.to_json())
+            result.users += len(ids)
+            after = ids[-1]
+            if len(batch) == SEND_BATCH:
+                await queue.send(batch)
+                result.shards += len(batch)
+                batch = []
+        if batch:
+            await queue.send(batch)
+            result.shards += len(batch)
         result.duration_s = time.monotonic() - started
         return result
 
@@ -723,10 +829,19 @@ class BirthdayJob:
                 log.error("poison message %s: %s", item.message_id, exc)
                 verdicts[item.message_id] = Verdict("poison", f"poison: {exc}")
                 continue
-            if message.kind == "continuation":
-                log.info("continuing %s after user %d", message.month, message.after_id)
+            if message.kind in ("continuation", "shard"):
+                log.info(
+                    "%s of %s: users (%d, %d]",
+                    message.kind,
+                    message.month,
+                    message.after_id,
+                    message.until_id,
+                )
                 summary = await self.run(
-                    parse_month(message.month), options, after=message.after_id
+                    parse_month(message.month),
+                    options,
+                    after=message.after_id,
+                    until=message.until_id,
                 )
                 verdicts[item.message_id] = Verdict("delete", summary=summary)
                 continue
@@ -853,6 +968,7 @@ class _Pager:
         runner: Runner[Task],
         *,
         start_after: int,
+        until: int,
     ) -> None:
         self.job = job
         self.month = month
@@ -861,6 +977,7 @@ class _Pager:
         self.summary = summary
         self.runner = runner
         self.cursor = start_after
+        self.until = until
         self.done = False  # every page was read and every foreign claim settled
         self.foreign: set[int] = set()
         self.unyielded: deque[Task] = deque()
@@ -873,7 +990,11 @@ class _Pager:
                 self.done = True
                 return
             page = await store.eligible_page(
-                year=month.year, month=month.month, after=self.cursor, limit=limit
+                year=month.year,
+                month=month.month,
+                after=self.cursor,
+                limit=limit,
+                until=self.until,
             )
             if not page:
                 break

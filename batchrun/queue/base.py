@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
 
+from batchrun.db.store import MAX_ID
 from batchrun.errors import ConfigError
 from batchrun.urls import mask_url, scheme_of
 
@@ -16,7 +17,6 @@ if TYPE_CHECKING:
 
 KNOWN_JOBS = frozenset({"birthday"})
 MAX_BODY = 64 * 1024  # SQS's own limit is 256 KiB; ours are a few hundred bytes
-MAX_ID = 2**63 - 1  # the largest id a BIGINT column (and SQLite's INTEGER) can hold
 
 
 class PoisonMessage(ValueError):
@@ -25,13 +25,18 @@ class PoisonMessage(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class QueueMessage:
-    """A retry of one user, or a continuation of a month from ``after_id``."""
+    """A retry of one user, or a range of the month's users: ids in (after_id, until_id].
 
-    kind: Literal["retry", "continuation"]
+    A ``shard`` is a range the fan-out producer queued; a ``continuation`` is the rest of a
+    range (or month) that a stopped run handed on. Both are worked the same way.
+    """
+
+    kind: Literal["retry", "continuation", "shard"]
     job: str
     month: str
     user_id: int = 0
     after_id: int = 0
+    until_id: int = MAX_ID
     attempt: int = 0
     reason: str = ""
 
@@ -41,6 +46,8 @@ class QueueMessage:
             body.update(user_id=self.user_id, attempt=self.attempt, reason=self.reason[:300])
         else:
             body.update(after_id=self.after_id)
+            if self.until_id != MAX_ID:
+                body.update(until_id=self.until_id)
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
@@ -55,7 +62,7 @@ class QueueMessage:
         if not isinstance(body, dict):
             raise PoisonMessage("body is not a JSON object")
         kind = body.get("kind")
-        if kind not in ("retry", "continuation"):
+        if kind not in ("retry", "continuation", "shard"):
             raise PoisonMessage(f"unknown kind {kind!r}")
         job = body.get("job")
         if not isinstance(job, str) or job not in KNOWN_JOBS:
@@ -86,9 +93,12 @@ class QueueMessage:
                 reason=reason if isinstance(reason, str) else "",
             )
         after_id = body.get("after_id")
+        until_id = body.get("until_id", MAX_ID)
         if not _is_int(after_id) or not 0 <= after_id <= MAX_ID:
             raise PoisonMessage(f"bad after_id {after_id!r}")
-        return cls("continuation", job, month, after_id=after_id)
+        if not _is_int(until_id) or not after_id < until_id <= MAX_ID:
+            raise PoisonMessage(f"bad until_id {until_id!r}")
+        return cls(kind, job, month, after_id=after_id, until_id=until_id)
 
 
 def _is_int(value: object) -> TypeGuard[int]:

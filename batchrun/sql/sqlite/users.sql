@@ -4,6 +4,17 @@
 SELECT u.id, u.first_name, u.last_name, u.email, t.state, t.owner, t.lease_until
 FROM user u
 LEFT JOIN batchrun_task t ON t.job = :job AND t.year = :year AND t.user_id = u.id
+WHERE u.birth_month = :month AND u.status = 10 AND u.id > :after AND u.id <= :until
+  AND u.email IS NOT NULL
+  AND (t.state IS NULL OR t.state IN (0, 3))
+ORDER BY u.id
+LIMIT :limit;
+
+-- name: eligible_ids_page
+-- The fan-out producer's walk: ids only, the same filter and index as eligible_page.
+SELECT u.id
+FROM user u
+LEFT JOIN batchrun_task t ON t.job = :job AND t.year = :year AND t.user_id = u.id
 WHERE u.birth_month = :month AND u.status = 10 AND u.id > :after
   AND u.email IS NOT NULL
   AND (t.state IS NULL OR t.state IN (0, 3))
