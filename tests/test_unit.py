@@ -481,9 +481,10 @@ def test_shipped_queries_load_and_compile(dialect: str) -> None:
     assert names == sorted(names)
     assert names[0].startswith("migrate_0000")
     sql, args = queries.compile(
-        "eligible_page", {"job": "birthday", "year": 2025, "month": 6, "after": 0, "limit": 10}
+        "eligible_page",
+        {"job": "birthday", "year": 2025, "month": 6, "after": 0, "until": 99, "limit": 10},
     )
-    assert args == ("birthday", 2025, 6, 0, 10)
+    assert args == ("birthday", 2025, 6, 0, 99, 10)
     assert ":" not in re.sub(r"'[^']*'", "", sql)
 
 
