@@ -105,12 +105,13 @@ async def _handle(
     watcher = asyncio.create_task(
         Deadline(context.get_remaining_time_in_millis, margin).watch(stop)
     )
-    # In-flight sends get half the margin to finish; the rest is for recording and hand-off.
+    # In-flight sends get 70% of the margin to finish (a send cut off then may have been
+    # accepted: the one duplicate window); the rest is for recording and the hand-off.
     options = Options(
         concurrency=settings.concurrency,
         rate=settings.rate,
         handoff=True,
-        grace_s=max(0.1, margin / 2000),
+        grace_s=max(0.1, margin * 0.7 / 1000),
     )
     try:
         if kind == "sqs":
