@@ -52,7 +52,7 @@ def make_message(n: int = 42, **overrides: str) -> Message:
 
 
 def parse(message: Message) -> tuple[bytes, EmailMessage]:
-    raw = message.to_email().as_bytes()
+    raw = message.to_bytes()  # the bytes on the wire
     return raw, email.message_from_bytes(raw, policy=email.policy.default)
 
 
@@ -656,3 +656,35 @@ def test_smtp_mailer_rejects_a_nonsense_pool() -> None:
         SmtpMailer("h", 25, pool_size=0)
     with pytest.raises(ValueError):
         SmtpMailer("h", 25, timeout=0)
+
+
+# -- the wire bytes -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "subject"),
+    [
+        ("Ada Lovelace", "Happy birthday!"),
+        ("Zoë Müller-Lüdenscheidt " * 12, "Joyeux anniversaire, Zoë 🎂"),
+        ("李小龍", "生日快乐"),
+        ('Eve "the" <admin@evil> , x', "plain"),
+        ("", "no name"),
+    ],
+)
+def test_wire_bytes_match_what_the_email_package_would_build(name: str, subject: str) -> None:
+    import email.policy
+    from email.message import EmailMessage
+
+    message = make_message(to_name=name, subject=subject)
+    raw = message.to_bytes()
+    assert all(len(line) <= 998 for line in raw.split(b"\r\n")), "RFC 5322 line limit"
+    assert b"\n" not in raw.replace(b"\r\n", b""), "bare LF on the wire"
+    parsed = email.message_from_bytes(raw, policy=email.policy.default)
+    reference = EmailMessage(policy=email.policy.default)
+    reference["To"] = message.display_to
+    reference["Subject"] = " ".join(subject.split())
+    assert str(parsed["To"]) == str(reference["To"])
+    assert str(parsed["Subject"]) == str(reference["Subject"])
+    assert parsed["Message-ID"] == message.message_id
+    parts = {p.get_content_type(): p.get_content() for p in parsed.iter_parts()}
+    assert parts == {"text/plain": message.text, "text/html": message.html}

@@ -67,7 +67,7 @@ class FileMailer:
             MailConnectionError: the directory cannot be written (permissions, disk full).
         """
         try:
-            data = message.to_email().as_bytes()
+            data = message.to_bytes()
         except ValueError as exc:
             raise PermanentMailError(f"message cannot be built: {exc}") from exc
         path = self.path_for(message)

@@ -216,7 +216,7 @@ class SesMailer:
             TemporaryMailError: any other failure worth retrying later.
         """
         try:
-            raw = message.to_email().as_bytes()
+            raw = message.to_bytes()
         except ValueError as exc:
             raise PermanentMailError(f"message cannot be built: {exc}") from exc
         try:

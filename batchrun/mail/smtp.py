@@ -107,7 +107,7 @@ class SmtpMailer:
         if self._closed:
             raise MailConnectionError("SMTP mailer is closed")
         try:
-            email_message = message.to_email()
+            raw = message.to_bytes()
         except ValueError as exc:
             raise PermanentMailError(f"message cannot be built: {exc}") from exc
         async with self._slots:
@@ -117,11 +117,7 @@ class SmtpMailer:
             reusable = False
             try:
                 async with asyncio.timeout(self.timeout):
-                    await client.send_message(
-                        email_message,
-                        sender=message.envelope_sender,
-                        recipients=[message.to_addr],
-                    )
+                    await client.sendmail(message.envelope_sender, [message.to_addr], raw)
                 reusable = True
             except aiosmtplib.SMTPResponseException as exc:
                 # aiosmtplib already sent RSET, and closed the client on a 421; a client
