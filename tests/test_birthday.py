@@ -85,7 +85,8 @@ async def test_the_email_carries_the_card_and_a_stable_message_id(
         db_url, "SELECT gift_code FROM gift_card WHERE idempotency_key = %s", f"birthday:2025:{uid}"
     )[0]
     grouped = "-".join(code[i : i + 4] for i in range(0, 16, 4))
-    assert grouped in message.raw.decode()
+    body = message.email.get_body(("plain",))
+    assert body is not None and grouped in body.get_content()
 
 
 async def test_two_runs_at_once_partition_the_month(
