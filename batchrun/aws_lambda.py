@@ -35,7 +35,7 @@ from batchrun.errors import BatchrunError, UsageError
 from batchrun.jobs.birthday import BirthdayJob, Options, Summary, Verdict
 from batchrun.jobs.month import Month, parse_month
 from batchrun.queue.base import Received
-from batchrun.secrets import database_url
+from batchrun.secrets import database_url, forget
 from batchrun.settings import Settings
 from batchrun.urls import mask_text
 
@@ -75,6 +75,8 @@ def handle(
             settings = replace(settings, db_url=url)
         result, metrics = asyncio.run(_handle(event, context, settings, kind))
     except BatchrunError as exc:
+        if settings.db_secret_arn:
+            forget(settings.db_secret_arn)  # a rotated password is fetched afresh next time
         text = mask_text(str(exc), settings.db_url, settings.mail_url, settings.retry_queue_url)
         _log_line("error", request_id, kind, error=text, duration_s=time.monotonic() - started)
         raise BatchrunError(text) from None  # Lambda reports the one line; no secret in it

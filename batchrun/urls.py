@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+from urllib.parse import SplitResult, urlsplit
 
 # The password runs to the LAST '@' of the URL (as urlsplit and the drivers read it), so a
 # raw '@' inside a password is masked too; masking too much is the safe way to be wrong.
@@ -39,4 +39,4 @@ def scheme_of(url: str) -> str:
     return head.lower() if sep else ""
 
 
-__all__ = ["mask_text", "mask_url", "scheme_of", "split", "urlunsplit"]
+__all__ = ["mask_text", "mask_url", "scheme_of", "split"]

@@ -77,10 +77,6 @@ class Store:
         self.db = db
         self.job = job
 
-    @property
-    def dialect(self) -> str:
-        return self.db.dialect
-
     # -- schema ---------------------------------------------------------------------------
 
     async def migrate(self) -> list[str]:
