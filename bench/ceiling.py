@@ -1,0 +1,87 @@
+"""The ceiling: a bare sender pushing messages to the SMTP sink, no database.
+
+K persistent aiosmtplib connections (K = batchrun's concurrency), each sending pre-built
+messages of the same shape and size as batchrun's birthday email, one after another.
+Its messages/s is the most any sender in this language and event loop can get out of the
+sink at the given latency. Prints one JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any, cast
+
+import aiosmtplib
+
+from batchrun import codes
+from batchrun.jobs.birthday import BirthdayJob, Task
+from batchrun.settings import Settings
+
+SENDER = "birthday@localhost"
+
+
+def sample_messages(count: int) -> list[tuple[str, bytes]]:
+    """``count`` (recipient, raw bytes) pairs built by batchrun's own message code."""
+    job = BirthdayJob(cast(Any, None), None, None, Settings(sender=SENDER))
+    out = []
+    for i in range(count):
+        task = Task(
+            i + 1, 2025, "Grace", "Hopper", f"user{i + 1}.123456@example.com", codes.new_code()
+        )
+        message = job.message(task)
+        # The bytes batchrun puts on the wire: to_bytes() where it exists (since ab5c107).
+        to_bytes = getattr(message, "to_bytes", None)
+        raw = to_bytes() if to_bytes is not None else message.to_email().as_bytes()
+        out.append((message.to_addr, raw))
+    return out
+
+
+async def run(host: str, port: int, messages: int, concurrency: int) -> dict[str, Any]:
+    """Send ``messages`` over ``concurrency`` persistent connections; return the stats."""
+    prebuilt = sample_messages(min(messages, 256))
+    clients = [aiosmtplib.SMTP(hostname=host, port=port, timeout=30) for _ in range(concurrency)]
+    await asyncio.gather(*(c.connect() for c in clients))
+    next_index = 0
+    errors = 0
+
+    async def worker(client: aiosmtplib.SMTP) -> None:
+        nonlocal next_index, errors
+        while next_index < messages:
+            rcpt, raw = prebuilt[next_index % len(prebuilt)]
+            next_index += 1
+            try:
+                await client.sendmail(SENDER, [rcpt], raw)
+            except aiosmtplib.SMTPException:
+                errors += 1
+
+    started = time.monotonic()
+    await asyncio.gather(*(worker(c) for c in clients))
+    elapsed = time.monotonic() - started
+    await asyncio.gather(*(c.quit() for c in clients), return_exceptions=True)
+    return {
+        "messages": messages,
+        "errors": errors,
+        "duration_s": round(elapsed, 3),
+        "per_s": round(messages / elapsed, 1) if elapsed else None,
+        "message_bytes": len(prebuilt[0][1]) if prebuilt else 0,
+        "cpu_s": round(time.process_time(), 3),
+    }
+
+
+def main() -> None:
+    """Parse options, send, print the JSON result."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--messages", type=int, required=True)
+    parser.add_argument("--concurrency", type=int, default=100)
+    args = parser.parse_args()
+    result = asyncio.run(run(args.host, args.port, args.messages, args.concurrency))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
