@@ -29,8 +29,8 @@ test: install  ## the test suite (MySQL tests need MariaDB on 127.0.0.1:3306, or
 	$(BIN)/python -m pytest
 
 lint: install  ## ruff and mypy --strict
-	$(BIN)/ruff check batchrun tests deploy
-	$(BIN)/ruff format --check batchrun tests deploy
+	$(BIN)/ruff check batchrun tests deploy bench
+	$(BIN)/ruff format --check batchrun tests deploy bench
 	$(BIN)/mypy
 	$(BIN)/mypy deploy/build_lambda.py
 
@@ -58,3 +58,17 @@ LAMBDA_COMPILE := $(if $(LAMBDA_PYTHON),--compile-with $(LAMBDA_PYTHON))
 lambda: install  ## dist/batchrun-lambda.zip (x86_64) and dist/batchrun-lambda-arm64.zip, for python3.12
 	$(BIN)/python deploy/build_lambda.py --arch x86_64 --python 3.12 --out dist/batchrun-lambda.zip $(LAMBDA_COMPILE)
 	$(BIN)/python deploy/build_lambda.py --arch arm64 --python 3.12 --out dist/batchrun-lambda-arm64.zip $(LAMBDA_COMPILE)
+
+# The long fault-injection variants (tests/test_soak.py), skipped by `make test` and CI:
+# crash-anywhere iterations per database with 1% temporary failures, and a load run of
+# SOAK_USERS users with 1% temporary failures against an SMTP sink in its own process.
+# Every user is born in the month (1,000,000 emails); SOAK_ALL_IN_MONTH=0 seeds them with
+# `batchrun db seed` instead (a twelfth of them in the month).
+SOAK_ITERATIONS ?= 100
+SOAK_USERS ?= 1000000
+SOAK_ALL_IN_MONTH ?= 1
+
+.PHONY: soak
+soak: install  ## long fault injection: 100 crash iterations per database, 1M users with 1% temporary failures (MariaDB)
+	BATCHRUN_SOAK=1 BATCHRUN_SOAK_ITERATIONS=$(SOAK_ITERATIONS) BATCHRUN_SOAK_USERS=$(SOAK_USERS) \
+	BATCHRUN_SOAK_ALL_IN_MONTH=$(SOAK_ALL_IN_MONTH) $(BIN)/python -m pytest tests/test_soak.py -v -s -rA

@@ -10,7 +10,10 @@ LENGTH = 16
 
 def new_code() -> str:
     """A fresh random gift code, stored without separators."""
-    return "".join(secrets.choice(ALPHABET) for _ in range(LENGTH))
+    # One 80-bit draw cut into sixteen 5-bit symbols: every symbol uniform and independent,
+    # and one system call instead of sixteen.
+    bits = int.from_bytes(secrets.token_bytes(LENGTH * 5 // 8), "big")
+    return "".join(ALPHABET[(bits >> (5 * i)) & 31] for i in range(LENGTH))
 
 
 def display(code: str) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
@@ -18,6 +20,8 @@ log = logging.getLogger(__name__)
 
 _NO_TABLE = 1146
 _LOST = {2006, 2013, 2055}  # server gone away, lost connection: retried once on a fresh one
+_CONFLICT = {1213, 1205}  # deadlock, lock wait timeout: the statement is retried
+_CONFLICT_TRIES = 5
 _CONNECT = {2002, 2003, 1045, 1049, 2005}
 
 
@@ -68,6 +72,9 @@ class MySQLDatabase(Database):
                 maxsize=max(1, pool_size),
                 connect_timeout=float(options.get("connect_timeout", ["10"])[0]),
                 pool_recycle=3600,
+                # Single autocommit statements need no snapshot: READ COMMITTED takes no gap
+                # locks, so concurrent runs and the heartbeat block each other less.
+                init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
             )
         except (pymysql.err.MySQLError, OSError) as exc:
             raise DatabaseError(
@@ -76,23 +83,31 @@ class MySQLDatabase(Database):
         return cls(url, queries, pool)
 
     async def _run(self, sql: str, args: tuple[Any, ...], *, fetch: bool) -> tuple[int, list[Row]]:
-        for attempt in (1, 2):
+        lost = conflicts = 0
+        while True:
             try:
                 async with self._pool.acquire() as conn, conn.cursor(_QuietCursor) as cur:
                     await cur.execute(sql, args)
                     rows = list(await cur.fetchall()) if fetch else []
                     return cur.rowcount, rows
             except pymysql.err.MySQLError as exc:
+                # Every batchrun statement is idempotent (INSERT IGNORE, guarded UPDATEs)
+                # and runs alone in autocommit, so running it again is safe.
                 code = _code(exc)
-                if code in _LOST and attempt == 1:
-                    # Every batchrun statement is idempotent (INSERT IGNORE, guarded
-                    # UPDATEs), so one retry on a fresh connection is safe.
+                if code in _LOST and lost == 0:
+                    lost += 1
                     log.warning("database connection lost (%s); retrying once", code)
+                    continue
+                if code in _CONFLICT and conflicts < _CONFLICT_TRIES:
+                    # The heartbeat and the outcome writes lock the same ledger rows in
+                    # different index orders; InnoDB breaks the rare cycle by rolling one
+                    # statement back, and that statement simply goes again.
+                    conflicts += 1
+                    await asyncio.sleep(random.uniform(0.01, 0.05) * conflicts)
                     continue
                 raise self._convert(exc) from exc
             except OSError as exc:
                 raise DatabaseError(f"database {self.url}: {exc}") from exc
-        raise AssertionError("unreachable")
 
     def _convert(self, exc: pymysql.err.MySQLError) -> DatabaseError:
         text = mask_text(_describe(exc), self._raw_url)

@@ -247,8 +247,10 @@ class Store:
             (self.job, year, uid, month, int(State.PENDING), 0, me, until, 0, now)
             for uid in new_ids
         ]
-        if fresh:
-            await self.db.execute("claim_new", rows=fresh)
+        inserted = await self.db.execute("claim_new", rows=fresh) if fresh else 0
+        if inserted == len(ids):
+            # Every row is new and ours: nothing to read back (the common case).
+            return {uid: Claim(uid, int(State.PENDING), me, until) for uid in (r[2] for r in fresh)}
         if len(fresh) < len(ids):
             await self.db.execute(
                 "claim_expired",
@@ -316,10 +318,12 @@ class Store:
 
     # -- cards ----------------------------------------------------------------------------
 
-    async def insert_cards(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Multi-row INSERT IGNORE of (email, message, status, scheduled_at, code, key)."""
-        if rows:
-            await self.db.execute("insert_cards", rows=list(rows))
+    async def insert_cards(self, rows: Sequence[tuple[Any, ...]]) -> int:
+        """Multi-row INSERT IGNORE of (email, message, status, scheduled_at, code, key);
+        returns how many rows were inserted (ignored ones already existed)."""
+        if not rows:
+            return 0
+        return await self.db.execute("insert_cards", rows=list(rows))
 
     async def cards_by_key(self, keys: Sequence[str]) -> dict[str, str]:
         """idempotency key -> gift code of the cards that exist."""

@@ -590,7 +590,8 @@ class BirthdayJob:
             and claim.owner == me
             and claim.state not in FINAL_STATES
         ]
-        invalid = [c.user_id for c in mine if not valid_address(c.email)]
+        checked = [(c, valid_address(c.email)) for c in mine]
+        invalid = [c.user_id for c, ok in checked if not ok]
         if invalid:
             await self.store.finish(
                 year=month.year,
@@ -599,7 +600,7 @@ class BirthdayJob:
                 state=State.SKIPPED,
                 error="invalid email address",
             )
-        valid = [c for c in mine if valid_address(c.email)]
+        valid = [c for c, ok in checked if ok]
         cards, created = await self.ensure_cards(month, valid)
         if summary is not None:
             summary.eligible += len(mine)
@@ -631,7 +632,7 @@ class BirthdayJob:
         todo = list(users)
         for _ in range(5):  # a gift-code collision (80 bits) is retried with a fresh code
             fresh = {c.user_id: codes.new_code() for c in todo}
-            await self.store.insert_cards(
+            inserted = await self.store.insert_cards(
                 [
                     (
                         c.email,
@@ -644,6 +645,10 @@ class BirthdayJob:
                     for c in todo
                 ]
             )
+            if inserted == len(todo):
+                # Every card is new: the codes are ours, nothing to read back.
+                codes_by_user.update(fresh)
+                return codes_by_user, created + inserted
             existing = await self.store.cards_by_key([key_of[c.user_id] for c in todo])
             missing = []
             for c in todo:
