@@ -76,6 +76,8 @@ class Store:
     def __init__(self, db: Database, *, job: str = "birthday") -> None:
         self.db = db
         self.job = job
+        # owner -> (year, the user ids it holds): what the heartbeat must keep alive
+        self._held: dict[str, tuple[int, set[int]]] = {}
 
     # -- schema ---------------------------------------------------------------------------
 
@@ -130,12 +132,28 @@ class Store:
 
     # -- users ----------------------------------------------------------------------------
 
+    async def month_started(self, *, year: int, month: int) -> bool:
+        """Whether any ledger row exists for the month (a run has been at it)."""
+        row = await self.db.fetchone("month_started", job=self.job, year=year, month=month)
+        return row is not None
+
     async def eligible_page(
-        self, *, year: int, month: int, after: int, limit: int, until: int = MAX_ID
+        self,
+        *,
+        year: int,
+        month: int,
+        after: int,
+        limit: int,
+        until: int = MAX_ID,
+        fresh: bool = False,
     ) -> list[Candidate]:
-        """The next keyset page of unfinished users born in ``month``, ids in (after, until]."""
+        """The next keyset page of unfinished users born in ``month``, ids in (after, until].
+
+        ``fresh``: the month had no ledger rows when the run began, so the page skips the
+        ledger join; claiming still sorts out whatever other runs did meanwhile.
+        """
         rows = await self.db.fetchall(
-            "eligible_page",
+            "eligible_page_fresh" if fresh else "eligible_page",
             job=self.job,
             year=year,
             month=month,
@@ -250,7 +268,11 @@ class Store:
         inserted = await self.db.execute("claim_new", rows=fresh) if fresh else 0
         if inserted == len(ids):
             # Every row is new and ours: nothing to read back (the common case).
-            return {uid: Claim(uid, int(State.PENDING), me, until) for uid in (r[2] for r in fresh)}
+            claims = {
+                uid: Claim(uid, int(State.PENDING), me, until) for uid in (r[2] for r in fresh)
+            }
+            self._hold(me, year, claims)
+            return claims
         if len(fresh) < len(ids):
             await self.db.execute(
                 "claim_expired",
@@ -261,7 +283,20 @@ class Store:
                 until=until,
                 now=now,
             )
-        return await self.claims_of(year=year, ids=ids)
+        claims = await self.claims_of(year=year, ids=ids)
+        self._hold(me, year, claims)
+        return claims
+
+    def _hold(self, me: str, year: int, claims: dict[int, Claim]) -> None:
+        held = self._held.setdefault(me, (year, set()))[1]
+        held.update(
+            uid for uid, c in claims.items() if c.owner == me and c.state not in FINAL_STATES
+        )
+
+    def _let_go(self, me: str, ids: Sequence[int]) -> None:
+        entry = self._held.get(me)
+        if entry is not None:
+            entry[1].difference_update(ids)
 
     async def claims_of(self, *, year: int, ids: Sequence[int]) -> dict[int, Claim]:
         """The ledger rows of ``ids`` (absent ids have none)."""
@@ -283,6 +318,7 @@ class Store:
         """Record the outcome of ``ids`` and let go of their claims."""
         if not ids:
             return 0
+        self._let_go(me, ids)
         return await self.db.execute(
             "finish",
             job=self.job,
@@ -299,13 +335,26 @@ class Store:
         """Let go of unfinished claims so the next run takes them at once."""
         if not ids:
             return 0
+        self._let_go(me, ids)
         return await self.db.execute(
             "release", job=self.job, year=year, ids=list(ids), me=me, now=now_ms()
         )
 
     async def heartbeat(self, *, me: str, lease_ms: int) -> int:
         """Extend every claim ``me`` holds."""
-        return await self.db.execute("heartbeat", me=me, until=now_ms() + lease_ms)
+        entry = self._held.get(me)
+        if entry is None or not entry[1]:
+            return 0
+        year, held = entry
+        return await self.db.execute(
+            "heartbeat",
+            job=self.job,
+            year=year,
+            lo=min(held),
+            hi=max(held),
+            me=me,
+            until=now_ms() + lease_ms,
+        )
 
     async def unqueued_failures(self, limit: int) -> list[Row]:
         """Temporary failures whose retry message could not be queued."""

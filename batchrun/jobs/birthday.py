@@ -989,6 +989,9 @@ class _Pager:
 
     async def tasks(self) -> AsyncIterator[Task]:
         store, month, stop = self.job.store, self.month, self.job.stop
+        # A month nobody has started needs no ledger join on its pages (one row read per
+        # user instead of two); whatever another run does meanwhile, claiming sorts out.
+        fresh = not await store.month_started(year=month.year, month=month.month)
         while not stop.stopping:
             limit = _page_limit(self.options, self.summary.eligible)
             if limit <= 0:
@@ -1000,6 +1003,7 @@ class _Pager:
                 after=self.cursor,
                 limit=limit,
                 until=self.until,
+                fresh=fresh,
             )
             if not page:
                 break

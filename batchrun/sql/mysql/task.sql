@@ -25,7 +25,13 @@ UPDATE batchrun_task SET owner = NULL, lease_until = NULL, updated_at = :now
 WHERE job = :job AND year = :year AND user_id IN :ids* AND owner = :me;
 
 -- name: heartbeat
-UPDATE batchrun_task SET lease_until = :until WHERE owner = :me;
+-- A primary-key range around the rows this run holds: it reads those pages only, not the
+-- owner index (whose purged-but-not-yet-removed entries grow with the run).
+UPDATE batchrun_task SET lease_until = :until
+WHERE job = :job AND year = :year AND user_id BETWEEN :lo AND :hi AND owner = :me;
+
+-- name: month_started
+SELECT 1 FROM batchrun_task WHERE job = :job AND year = :year AND month = :month LIMIT 1;
 
 -- name: unqueued_failures
 SELECT job, year, month, user_id, attempts, last_error FROM batchrun_task

@@ -10,6 +10,18 @@ WHERE u.birth_month = :month AND u.status = 10 AND u.id > :after AND u.id <= :un
 ORDER BY u.id
 LIMIT :limit;
 
+-- name: eligible_page_fresh
+-- The same page for a month with no ledger rows yet (its first run): the index range alone,
+-- about one row read per user. Correct whatever other runs do meanwhile, because claiming
+-- reads back any row another run inserted or finished (the join above only skips them
+-- sooner, which pays on reruns).
+SELECT u.id, u.first_name, u.last_name, u.email, NULL, NULL, NULL
+FROM `user` u
+WHERE u.birth_month = :month AND u.status = 10 AND u.id > :after AND u.id <= :until
+  AND u.email IS NOT NULL
+ORDER BY u.id
+LIMIT :limit;
+
 -- name: eligible_ids_page
 -- The fan-out producer's walk: ids only, the same filter and index as eligible_page.
 SELECT u.id
