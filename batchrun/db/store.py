@@ -152,15 +152,18 @@ class Store:
         ``fresh``: the month had no ledger rows when the run began, so the page skips the
         ledger join; claiming still sorts out whatever other runs did meanwhile.
         """
-        rows = await self.db.fetchall(
-            "eligible_page_fresh" if fresh else "eligible_page",
-            job=self.job,
-            year=year,
-            month=month,
-            after=after,
-            until=until,
-            limit=limit,
-        )
+        params = {
+            "job": self.job,
+            "year": year,
+            "month": month,
+            "after": after,
+            "until": until,
+            "limit": limit,
+        }
+        if fresh:
+            rows = await self.db.fetchall("eligible_page_fresh", **params)
+        else:
+            rows = await self.db.fetchall("eligible_page", **params)
         return [Candidate(int(r[0]), r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
 
     async def eligible_ids(self, *, year: int, month: int, after: int, limit: int) -> list[int]:
