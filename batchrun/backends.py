@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from email.utils import parseaddr
 
 from batchrun.db import Store, connect
 from batchrun.errors import UsageError
-from batchrun.mail.base import Mailer
+from batchrun.mail.base import Mailer, valid_address
 from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.queue.base import RetryQueue
 from batchrun.queue.base import from_url as queue_from_url
@@ -35,6 +36,12 @@ def check_urls(settings: Settings, *, mail: bool) -> None:
             f"unknown --db URL scheme {scheme_of(settings.db_url) or '(none)'!r}: use "
             "mysql://user:pass@host:port/db or sqlite:///path"
         )
+    if mail and any(ord(c) < 32 or ord(c) == 127 for c in settings.sender):
+        raise UsageError(f"--from {settings.sender!r} contains a control character")
+    if mail and not valid_address(parseaddr(settings.sender)[1] or settings.sender):
+        raise UsageError(f"--from {settings.sender!r} is not a usable sender address")
+    if mail and not (parseaddr(settings.sender)[1] or settings.sender).isascii():
+        raise UsageError(f"--from {settings.sender!r}: the sender address must be ASCII")
     if mail and scheme_of(settings.mail_url) not in MAIL_SCHEMES:
         raise UsageError(
             f"unknown --mail URL scheme {scheme_of(settings.mail_url) or '(none)'!r}: "

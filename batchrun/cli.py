@@ -132,6 +132,10 @@ def _setup_logging(verbose: int) -> None:
     if not any(isinstance(h, RichHandler) for h in root.handlers):
         root.addHandler(RichHandler(console=stderr, show_path=False, markup=False))
     root.setLevel(level)
+    # botocore's DEBUG records carry signed request headers (keys, session tokens): the
+    # AWS libraries never log below INFO, whatever -v asks for.
+    for name in ("botocore", "aiobotocore", "boto3", "urllib3"):
+        logging.getLogger(name).setLevel(max(level, logging.INFO))
 
 
 def _month(value: str | None) -> Month:

@@ -385,14 +385,6 @@ class SlowCards(BirthdayJob):
         return await super().ensure_cards(month, users)
 
 
-@pytest.mark.xfail(
-    reason="batchrun/jobs/birthday.py _Pager._note_foreign drops a claim whose owner died "
-    "and whose lease expired between Store.claim (its claim_expired saw the lease still "
-    "valid) and _note_foreign (run after the read-back and ensure_cards): the user is "
-    "neither taken over nor waited for, the run exits 0 and the user stays pending. Found "
-    "by the soak (MySQL crash iteration 63 of seed 20250607 left 112 users pending)",
-    strict=True,
-)
 async def test_a_dead_runs_claims_expiring_while_a_page_is_prepared_are_still_done(
     store: Store,
     db_url: str,
@@ -941,12 +933,6 @@ def test_poison_records_fail_alone_in_a_lambda_batch(tmp_path: Path, sqlite_url:
     assert card_counts(sqlite_url, 2025) == {good: 1}
 
 
-@pytest.mark.xfail(
-    reason="QueueMessage.from_json (batchrun/queue/base.py) catches only ValueError from "
-    "json.loads: a deeply nested body under MAX_BODY raises RecursionError, which escapes "
-    "BirthdayJob.process and crashes `batchrun retry` with a traceback (exit 1)",
-    strict=True,
-)
 def test_a_deeply_nested_json_body_is_poison_not_a_crash(db_url: str, tmp_path: Path) -> None:
     env = cli_env(db_url, f"file://{tmp_path / 'outbox'}")
     assert run_cli("db", "migrate", env=env).returncode == 0
@@ -957,12 +943,6 @@ def test_a_deeply_nested_json_body_is_poison_not_a_crash(db_url: str, tmp_path: 
     assert [row[2] for row in _queue_rows(db_url)] == [1, 1]
 
 
-@pytest.mark.xfail(
-    reason="batchrun/queue/base.py QueueMessage.from_json lets RecursionError out of "
-    "json.loads: one deeply nested record makes aws_lambda.handle raise, so the whole SQS "
-    "batch fails instead of that record alone",
-    strict=True,
-)
 def test_a_deeply_nested_record_fails_alone_in_a_lambda_batch(
     tmp_path: Path, sqlite_url: str
 ) -> None:

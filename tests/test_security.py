@@ -472,12 +472,6 @@ class _Context:
         return 120_000
 
 
-@pytest.mark.xfail(
-    reason="batchrun/cli.py _setup_logging sets the root logger to DEBUG for -vv, so "
-    "botocore's DEBUG records (the signed request's headers and canonical request) print "
-    "the AWS session token (x-amz-security-token) and the access key id on stderr",
-    strict=True,
-)
 def test_vv_never_prints_aws_credentials(moto_server: MotoServer, tmp_path: Path) -> None:
     moto_server.reset()
     sqs = boto3.client(
@@ -626,14 +620,6 @@ def test_a_display_name_never_adds_addresses_to_the_to_header(
     assert not any(unicodedata.category(c) == "Cc" for c in to.display_name), to.display_name
 
 
-@pytest.mark.xfail(
-    reason="an unusable --from (a CR/LF, or a non-ASCII address, in BATCHRUN_FROM) is not "
-    "rejected as a usage error: Message.to_bytes (mail/base.py) raises ValueError for every "
-    "user, mail/smtp.py and mail/file.py turn it into PermanentMailError, and "
-    "jobs/birthday.py marks the whole month FAILED and dead-lettered with exit 0, so a "
-    "corrected rerun sends nobody",
-    strict=True,
-)
 @pytest.mark.parametrize(
     "sender",
     ["birthday@example.com\r\nBcc: evil@attacker.example", "geburtstag@bücher.example"],

@@ -1060,13 +1060,10 @@ class _Pager:
             yield self.unyielded.popleft()
 
     def _note_foreign(self, claims: dict[int, Claim]) -> None:
-        now = now_ms()
+        # Every user another owner holds, live or not: a lease that expired after this
+        # page's claim was tried is taken over by the wait loop, never dropped.
         for uid, claim in claims.items():
-            if (
-                claim.owner not in (None, self.me)
-                and claim.state == State.PENDING
-                and (claim.lease_until or 0) >= now
-            ):
+            if claim.owner not in (None, self.me) and claim.state == State.PENDING:
                 self.foreign.add(uid)
 
 

@@ -59,6 +59,8 @@ class QueueMessage:
             body = json.loads(text)
         except ValueError as exc:
             raise PoisonMessage(f"not JSON: {exc}") from None
+        except RecursionError:
+            raise PoisonMessage("JSON nested too deeply") from None
         if not isinstance(body, dict):
             raise PoisonMessage("body is not a JSON object")
         kind = body.get("kind")
