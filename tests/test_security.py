@@ -583,13 +583,6 @@ def test_a_name_or_an_address_never_injects_a_header(
         "Zoë, evil@attacker.example, other@attacker.example",  # RFC 2047-encoded
         pytest.param(
             "=?utf-8?b?RXZlDQpCY2M6IGV2aWxAYXR0YWNrZXIuZXhhbXBsZQ==?=",
-            marks=pytest.mark.xfail(
-                reason="batchrun/mail/base.py _address: an ASCII name that is itself an RFC "
-                "2047 encoded-word goes out unquoted and unencoded, so mail clients decode it "
-                "to 'Eve\\r\\nBcc: evil@attacker.example': the CR/LF clean_text removes "
-                "comes back through the encoding (and Python's email parser raises on it)",
-                strict=True,
-            ),
             id="a ready encoded-word hiding CR/LF",
         ),
     ],

@@ -145,6 +145,10 @@ def _unsafe(value: str) -> bool:
 
 def _address(name: str, addr: str) -> str:
     """``Name <addr>``, the name RFC 2047-encoded when it is not plain ASCII."""
+    if "=?" in name:
+        # A name that is itself an encoded word would be decoded by the reader (CR/LF
+        # included): encode it once more, so the reader sees exactly this text.
+        return f"{Header(name, 'utf-8').encode(linesep=chr(13) + chr(10))} <{addr}>"
     # formataddr folds a long encoded name with bare LF; the wire wants CRLF.
     return formataddr((name, addr), charset="utf-8").replace("\n", "\r\n")
 
