@@ -55,8 +55,19 @@ IDLE_POLL_S = 0.5  # a worker's pause between empty receives (SQS long-polls on 
 DEFAULT_AUTO_RATE = 10.0  # where --rate auto starts when the provider does not say its limit
 
 
+class _Report:
+    """The JSON form every result shares: its fields, the duration rounded to a millisecond."""
+
+    duration_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)  # type: ignore[call-overload]
+        data["duration_s"] = round(self.duration_s, 3)
+        return dict(data)
+
+
 @dataclass
-class Summary:
+class Summary(_Report):
     """The result of one `birthday` run; ``to_json`` is the contract's JSON summary."""
 
     job: str
@@ -83,14 +94,9 @@ class Summary:
         """0 all done; 3 some users wait for a retry (or could not be queued)."""
         return 3 if self.queued_for_retry or self.not_queued else 0
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["duration_s"] = round(self.duration_s, 3)
-        return data
-
 
 @dataclass
-class RetrySummary:
+class RetrySummary(_Report):
     """The result of one `retry` drain."""
 
     processed: int = 0
@@ -121,14 +127,9 @@ class RetrySummary:
         elif verdict.action == "poison":
             self.dead_lettered += 1
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["duration_s"] = round(self.duration_s, 3)
-        return data
-
 
 @dataclass
-class FanOut:
+class FanOut(_Report):
     """What `birthday --fan-out` queued."""
 
     job: str
@@ -136,11 +137,6 @@ class FanOut:
     shards: int = 0
     users: int = 0
     duration_s: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["duration_s"] = round(self.duration_s, 3)
-        return data
 
 
 @dataclass(frozen=True, slots=True)
