@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+import unicodedata
 from collections.abc import AsyncIterator, Callable, Iterator
 from email.header import decode_header, make_header
 from email.message import EmailMessage
@@ -30,6 +31,7 @@ from batchrun.errors import (
 )
 from batchrun.mail import Mailer, Message, from_url, valid_address
 from batchrun.mail import smtp as smtp_module
+from batchrun.mail.base import clean_text
 from batchrun.mail.console import ConsoleMailer, DiscardMailer
 from batchrun.mail.file import FileMailer, file_name
 from batchrun.mail.smtp import SmtpMailer
@@ -182,6 +184,22 @@ def test_an_address_with_a_line_break_is_refused_not_rewritten() -> None:
 )
 def test_valid_address(addr: str, ok: bool) -> None:
     assert valid_address(addr) is ok
+
+
+def test_every_code_point_is_judged_by_its_unicode_category() -> None:
+    """The compiled character classes agree with the rule they stand for, everywhere."""
+    unsafe = {"Cc", "Cs", "Zl", "Zp"}
+    wrong_clean, wrong_address = [], []
+    for point in range(sys.maxunicode + 1):
+        char = chr(point)
+        bad = unicodedata.category(char) in unsafe
+        if (clean_text(f"a{char}b") == "a b") is not bad and char != " ":
+            wrong_clean.append(hex(point))
+        forbidden = bad or char.isspace() or char in '()<>[]:;,\\"'
+        if valid_address(f"bo{char}b@example.com") is forbidden and char != "@":
+            wrong_address.append(hex(point))
+    assert wrong_clean == []
+    assert wrong_address == []
 
 
 # -- choosing a backend by URL -----------------------------------------------------------
