@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
+import aiomysql
 import pytest
 from conftest import query
 
 from batchrun import codes
 from batchrun.db import Store, connect
+from batchrun.db.mysql import _QuietCursor
 from batchrun.db.store import State, now_ms
 from batchrun.jobs.birthday import BirthdayJob
 from batchrun.jobs.month import Month
@@ -190,3 +194,40 @@ async def test_two_consumers_never_receive_the_same_message(db_url: str, store: 
             await d.close()
     everything = [b for r in results for b in r]
     assert sorted(everything) == sorted(f"m{i}" for i in range(200))
+
+
+async def test_mysql_escaping_matches_the_drivers_own(mysql_url: str) -> None:
+    """The cursor's int fast path gives the very literals aiomysql would, for any value."""
+    url = urlsplit(mysql_url)
+    conn = await aiomysql.connect(
+        host=url.hostname,
+        port=url.port or 3306,
+        user=url.username or "root",
+        password=url.password or "",
+        db=url.path.lstrip("/"),
+        charset="utf8mb4",
+    )
+    try:
+        values = (
+            0,
+            -7,
+            2**63 - 1,
+            True,
+            False,
+            None,
+            "plain",
+            'it\'s "quoted" \\ and ;--',
+            "naïve ☃",
+            1.5,
+            datetime.date(2025, 6, 1),
+        )
+        async with conn.cursor(_QuietCursor) as cur:
+            mine = cur._escape_args(values, conn)
+            theirs = aiomysql.Cursor._escape_args(cur, values, conn)
+            assert mine == theirs
+            assert mine[0] == "0" and mine[3] == theirs[3]
+            await cur.execute("SELECT " + ", ".join(["%s"] * len(values)), values)
+            row = await cur.fetchone()
+        assert row[0] == 0 and row[2] == 2**63 - 1 and row[7] == 'it\'s "quoted" \\ and ;--'
+    finally:
+        conn.close()

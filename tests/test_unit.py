@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections import Counter
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import urlsplit
@@ -118,6 +119,20 @@ def test_codes_unique_and_use_every_character() -> None:
     assert len(set(made)) == len(made)
     seen = set("".join(made[:2000]))
     assert seen == set(codes.ALPHABET)  # 32k draws: every character shows up
+
+
+def test_a_batch_of_codes_is_as_random_as_single_draws() -> None:
+    """new_codes(n) cuts one draw into n codes: each full length, distinct, and every
+    position uniform over the alphabet (chi-square, 31 degrees of freedom)."""
+    made = codes.new_codes(64_000)
+    assert len(made) == 64_000 and len(set(made)) == 64_000
+    assert all(re.fullmatch(r"[0-9A-HJKMNP-TV-Z]{16}", code) for code in made)
+    expected = len(made) / 32
+    for position in range(16):
+        counts = Counter(code[position] for code in made)
+        chi2 = sum((counts[c] - expected) ** 2 / expected for c in codes.ALPHABET)
+        assert chi2 < 70, (position, chi2)  # p < 1e-4 for a fair alphabet
+    assert codes.new_codes(0) == []
 
 
 def test_code_uses_secrets_not_random() -> None:

@@ -35,6 +35,17 @@ class _QuietCursor(aiomysql.Cursor):  # type: ignore[misc]
     async def _show_warnings(self, conn: Any) -> None:
         return None
 
+    def _escape_args(self, args: Any, conn: Any) -> Any:
+        """The driver's own escaping, with plain ints (page ids) turned to text directly.
+
+        ``str(n)`` is what pymysql's ``escape_int`` returns; skipping its three calls per
+        value matters on pages of a thousand ids. Everything else goes to the driver.
+        """
+        if isinstance(args, tuple):
+            escape = conn.escape
+            return tuple(str(arg) if type(arg) is int else escape(arg) for arg in args)
+        return super()._escape_args(args, conn)
+
 
 class MySQLDatabase(Database):
     """A pool of autocommit connections; never shares one connection between tasks."""

@@ -627,7 +627,7 @@ class BirthdayJob:
         created = 0
         todo = list(users)
         for _ in range(5):  # a gift-code collision (80 bits) is retried with a fresh code
-            fresh = {c.user_id: codes.new_code() for c in todo}
+            fresh = dict(zip((c.user_id for c in todo), codes.new_codes(len(todo)), strict=True))
             inserted = await self.store.insert_cards(
                 [
                     (
