@@ -186,6 +186,35 @@ def test_valid_address(addr: str, ok: bool) -> None:
     assert valid_address(addr) is ok
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "Grace Hopper",
+        "Hopper, Grace",
+        'Grace "Amazing" Hopper',
+        "a\\b",
+        "O'Brien",
+        "Dr. Who",
+        "x@y",
+        "[bot]",
+        "José Martí",
+        "李雷",
+        "a" * 120,
+        "Grace (admin)",
+    ],
+)
+def test_the_to_header_fast_path_agrees_with_formataddr(name: str) -> None:
+    from email.utils import formataddr
+
+    from batchrun.mail.base import _address
+
+    addr = "grace@example.com"
+    assert _address(name, addr) == formataddr((name, addr), charset="utf-8").replace("\n", "\r\n")
+    with pytest.raises(ValueError):
+        _address(name, "josé@exämple.com")  # never sent as raw UTF-8 in a header
+
+
 def test_every_code_point_is_judged_by_its_unicode_category() -> None:
     """The compiled character classes agree with the rule they stand for, everywhere."""
     unsafe = {"Cc", "Cs", "Zl", "Zp"}

@@ -160,8 +160,15 @@ def _address(name: str, addr: str) -> str:
         # A name that is itself an encoded word would be decoded by the reader (CR/LF
         # included): encode it once more, so the reader sees exactly this text.
         return f"{Header(name, 'utf-8').encode(linesep=chr(13) + chr(10))} <{addr}>"
-    # formataddr folds a long encoded name with bare LF; the wire wants CRLF.
+    if name.isascii() and addr.isascii() and not _NAME_SPECIALS.search(name):
+        return f"{name} <{addr}>" if name else addr  # what formataddr gives, without its work
+    # formataddr folds a long encoded name with bare LF; the wire wants CRLF. It also
+    # raises UnicodeEncodeError (a ValueError) for a non-ASCII address.
     return formataddr((name, addr), charset="utf-8").replace("\n", "\r\n")
+
+
+# email.utils' specialsre: a name holding any of these is quoted by formataddr.
+_NAME_SPECIALS = re.compile(r'[][\\()<>@,:;".]')
 
 
 def _header_text(value: str) -> str:

@@ -116,8 +116,12 @@ class SmtpMailer:
             client = await self._checkout()
             reusable = False
             try:
+                # One deadline for the whole transaction; timeout=None spares aiosmtplib's
+                # own per-reply timers (four per message), which this one already covers.
                 async with asyncio.timeout(self.timeout):
-                    await client.sendmail(message.envelope_sender, [message.to_addr], raw)
+                    await client.sendmail(
+                        message.envelope_sender, [message.to_addr], raw, timeout=None
+                    )
                 reusable = True
             except aiosmtplib.SMTPResponseException as exc:
                 # aiosmtplib already sent RSET, and closed the client on a 421; a client
