@@ -127,7 +127,7 @@ def test_gift_codes_are_unique_in_the_database_and_a_lasting_collision_fails_cle
             job = BirthdayJob(backends.store, None, None, settings)
             page = await backends.store.eligible_page(year=2025, month=6, after=0, limit=3)
             assert page
-            monkeypatch.setattr(codes, "new_code", lambda: "TAKEN0TAKEN0TAKE")
+            monkeypatch.setattr(codes, "new_codes", lambda n: ["TAKEN0TAKEN0TAKE"] * n)
             with pytest.raises(DatabaseError, match="unique gift code"):
                 await job.ensure_cards(Month(2025, 6), page)
 

@@ -112,13 +112,14 @@ async def test_gift_code_collision_is_retried_with_a_fresh_code(
     await store.seed_users(50, seed=1)
     taken = "TAKEN0TAKEN0TAKE"
     await store.insert_cards([("x@example.com", "hi", 1, "2025-06-01 00:00:00", taken, "other:1")])
-    fresh = iter([taken, *[codes.new_code() for _ in range(10)]])
-    monkeypatch.setattr(codes, "new_code", lambda: next(fresh))
+    pool = [taken, *[codes.new_code() for _ in range(10)]]
+    fresh = iter(pool)
+    monkeypatch.setattr(codes, "new_codes", lambda n: [next(fresh) for _ in range(n)])
     job = BirthdayJob(store, None, None, Settings(db_url=db_url))
     page = await store.eligible_page(year=2025, month=6, after=0, limit=1)
     cards, created = await job.ensure_cards(Month(2025, 6), page)
     assert created == 1
-    assert cards[page[0].user_id] != taken
+    assert cards[page[0].user_id] == pool[1]  # the taken code, then one fresh draw
     assert len(cards[page[0].user_id]) == 16
 
 
