@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import email
 import email.policy
+import random
 import re
 import socket
 import stat
@@ -213,6 +214,25 @@ def test_the_to_header_fast_path_agrees_with_formataddr(name: str) -> None:
     assert _address(name, addr) == formataddr((name, addr), charset="utf-8").replace("\n", "\r\n")
     with pytest.raises(ValueError):
         _address(name, "josé@exämple.com")  # never sent as raw UTF-8 in a header
+
+
+def test_encoded_names_agree_with_formataddr_for_random_text() -> None:
+    """B or Q, whichever formataddr would pick, byte for byte, over names of every kind."""
+    from email.utils import formataddr
+
+    from batchrun.mail.base import _address
+
+    rng = random.Random(5)
+    alphabets = ["abc XYZ-!*+/_=?.", "éüßçøñ", "李雷韩梅", "🎂🎁", "\u00a0\u2009\t"]
+    for _ in range(3000):
+        pool = "".join(rng.sample(alphabets, rng.randint(1, len(alphabets))))
+        name = "".join(rng.choice(pool) for _ in range(rng.randint(1, 60)))
+        if rng.random() < 0.5:  # mostly ASCII with one accent: where Q is the shorter
+            name = "Jose Maria Garcia-Lopez"[: rng.randint(3, 23)] + rng.choice("éüñ")
+        if "=?" in name or name.isascii():
+            continue
+        expected = formataddr((name, "a@example.com"), charset="utf-8").replace("\n", "\r\n")
+        assert _address(name, "a@example.com") == expected, name
 
 
 def test_every_code_point_is_judged_by_its_unicode_category() -> None:

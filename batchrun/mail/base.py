@@ -5,10 +5,12 @@ from __future__ import annotations
 import base64
 import email
 import email.policy
+import email.quoprimime
 import functools
 import math
 import random
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -114,7 +116,7 @@ class Message:
         headers = (
             f"From: {_from_header(self.sender)}"
             f"\r\nTo: {_address(clean_text(self.to_name, MAX_NAME_CHARS), self.to_addr)}"
-            f"\r\nSubject: {_header_text(clean_text(self.subject))}"
+            f"\r\nSubject: {_subject_header(self.subject)}"
             f"\r\nDate: {_now_header()}"
             f"\r\nMessage-ID: {self.message_id}"
             # SES replaces Message-ID with its own; this copy survives, so a downstream
@@ -160,15 +162,41 @@ def _address(name: str, addr: str) -> str:
         # A name that is itself an encoded word would be decoded by the reader (CR/LF
         # included): encode it once more, so the reader sees exactly this text.
         return f"{Header(name, 'utf-8').encode(linesep=chr(13) + chr(10))} <{addr}>"
-    if name.isascii() and addr.isascii() and not _NAME_SPECIALS.search(name):
-        return f"{name} <{addr}>" if name else addr  # what formataddr gives, without its work
+    if addr.isascii():  # what formataddr gives, without its per-byte work
+        if name.isascii():
+            if not _NAME_SPECIALS.search(name):
+                return f"{name} <{addr}>" if name else addr
+        else:
+            return f"{_encoded_word(name)} <{addr}>"
     # formataddr folds a long encoded name with bare LF; the wire wants CRLF. It also
     # raises UnicodeEncodeError (a ValueError) for a non-ASCII address.
     return formataddr((name, addr), charset="utf-8").replace("\n", "\r\n")
 
 
+def _encoded_word(name: str) -> str:
+    """``Charset("utf-8").header_encode(name)``: the shorter of the B and Q encodings.
+
+    The standard library measures the Q form byte by byte in Python; here one C-level
+    ``translate`` counts the bytes Q must escape (3 characters each instead of 1).
+    """
+    raw = name.encode("utf-8")
+    b_length = (len(raw) + 2) // 3 * 4
+    q_length = len(raw) + 2 * len(raw.translate(None, _Q_LITERAL))
+    if b_length < q_length:
+        return f"=?utf-8?b?{base64.b64encode(raw).decode('ascii')}?="
+    return email.quoprimime.header_encode(raw, "utf-8")
+
+
+# Bytes the header Q encoding writes as one character (space becomes "_").
+_Q_LITERAL = b" !*+-/0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # email.utils' specialsre: a name holding any of these is quoted by formataddr.
 _NAME_SPECIALS = re.compile(r'[][\\()<>@,:;".]')
+
+
+@functools.lru_cache(maxsize=16)
+def _subject_header(subject: str) -> str:
+    """The Subject header value; a job's messages share one subject, so it is cached."""
+    return _header_text(clean_text(subject))
 
 
 def _header_text(value: str) -> str:
@@ -194,10 +222,9 @@ _date_cache: tuple[int, str] = (0, "")
 def _now_header() -> str:
     """The Date header value, formatted once a second (every message in it shares it)."""
     global _date_cache
-    now = datetime.now(UTC)
-    second = int(now.timestamp())
+    second = int(time.time())
     if _date_cache[0] != second:
-        _date_cache = (second, format_datetime(now))
+        _date_cache = (second, format_datetime(datetime.fromtimestamp(second, UTC)))
     return _date_cache[1]
 
 
