@@ -342,7 +342,7 @@ class Bench:
         database = self.sizes[size]["database"]
         self.reset(database)
         cmd = [
-            BATCHRUN,
+            *self.launcher("batchrun"),
             "--db",
             self.server.db_url(database),
             "--mail",
@@ -374,11 +374,15 @@ class Bench:
             float(summary.get("duration_s", 0.0)),
         )
 
+    def launcher(self, target: str) -> list[str]:
+        """The command that starts ``target`` (batchrun or a module) on the chosen loop."""
+        if self.args.loop == "uvloop":
+            return [sys.executable, "-m", "bench.loop", "uvloop", target]
+        return [BATCHRUN] if target == "batchrun" else [sys.executable, "-m", target]
+
     def ceiling(self, size: int, messages: int) -> Result:
         cmd = [
-            sys.executable,
-            "-m",
-            "bench.ceiling",
+            *self.launcher("bench.ceiling"),
             "--port",
             str(self.sink.port),
             "--messages",
@@ -677,7 +681,7 @@ def render(
     out = Console(width=max(Console().width, 180))
     table = Table(
         title=f"batchrun bench: June, SMTP latency {args.latency_ms:g} ms, "
-        f"concurrency {args.concurrency} (naive: 20)",
+        f"concurrency {args.concurrency} (naive: 20), {args.loop} event loop",
         show_lines=False,
     )
     for name in (
@@ -820,6 +824,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--sink", choices=("fast", "aiosmtpd"), default="fast")
     parser.add_argument(
+        "--loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="event loop of batchrun and the ceiling (the naive port stays on asyncio)",
+    )
+    parser.add_argument(
         "--profile", default=None, help="also profile batchrun with py-spy into DIR"
     )
     args = parser.parse_args(argv)
@@ -847,6 +857,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "month": MONTH,
             "latency_ms": args.latency_ms,
             "concurrency": args.concurrency,
+            "event_loop": args.loop,
             "naive_concurrency": 20,
             "naive_index": args.naive_index,
             "sink": args.sink,
