@@ -192,7 +192,9 @@ async def serve(host: str, port: int, latency_s: float, impl: str = "fast") -> N
             return CountingSMTP(handler, hostname="localhost", ident="bench-sink")
         return FastSMTP(counters, latency_s)
 
-    server = await loop.create_server(factory, sock=sock)
+    # create_server listens again with its own backlog (100 by default): 200 clients
+    # connecting at once would overflow it, and a dropped SYN is retried only after 1 s.
+    server = await loop.create_server(factory, sock=sock, backlog=4096)
     print(json.dumps({"port": sock.getsockname()[1]}), flush=True)
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)

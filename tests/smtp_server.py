@@ -261,7 +261,9 @@ class _Controller(Controller):
         return _CountingSMTP(self.handler, self._recorder, **self.SMTP_kwargs)
 
     def _create_server(self) -> Awaitable[asyncio.AbstractServer]:
-        return self.loop.create_server(self._factory_invoker, sock=self._sock)
+        # asyncio listens again with a backlog of 100 unless told: a run opening more
+        # connections at once would have SYNs dropped and retried a second later.
+        return self.loop.create_server(self._factory_invoker, sock=self._sock, backlog=1024)
 
 
 class SmtpTestServer:
