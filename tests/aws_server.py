@@ -27,6 +27,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any, Self
 
+import boto3
 from aiobotocore.awsrequest import AioAWSResponse
 from moto.server import ThreadedMotoServer
 
@@ -84,6 +85,42 @@ class MotoServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def aws_client(server: MotoServer, service: str = "sqs") -> Any:
+    """A plain boto3 client on ``server``, for setting up and inspecting what a test uses."""
+    return boto3.client(
+        service,
+        endpoint_url=server.endpoint,
+        region_name=REGION,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+
+
+def make_queue_with_dlq(
+    server: MotoServer,
+    name: str = "batchrun-retry",
+    *,
+    dlq_name: str = "batchrun-dlq",
+    max_receives: int = 5,
+    visibility_s: int | None = None,
+) -> tuple[str, str]:
+    """A queue whose redrive policy dead-letters after ``max_receives``; (its URL, the DLQ's)."""
+    sqs = aws_client(server)
+    dlq = str(sqs.create_queue(QueueName=dlq_name)["QueueUrl"])
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    attributes = {
+        "RedrivePolicy": json.dumps(
+            {"deadLetterTargetArn": arn, "maxReceiveCount": str(max_receives)}
+        )
+    }
+    if visibility_s is not None:
+        attributes["VisibilityTimeout"] = str(visibility_s)
+    url = sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+    return str(url), dlq
 
 
 def moto_raw_messages(server: MotoServer) -> list[dict[str, Any]]:

@@ -10,9 +10,8 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
-from aws_server import REGION, MotoServer
+from aws_server import MotoServer, make_queue_with_dlq
 from conftest import ROOT, card_counts, eligible_ids, query, run_cli
 from smtp_server import SmtpTestServer
 
@@ -30,23 +29,8 @@ def moto_server() -> Iterator[MotoServer]:
 @pytest.fixture
 def queue_url(moto_server: MotoServer) -> str:
     moto_server.reset()
-    sqs = boto3.client(
-        "sqs",
-        endpoint_url=moto_server.endpoint,
-        region_name=REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    dlq = sqs.create_queue(QueueName="fanout-dlq")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"
-    ]
-    policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "5"})
-    return str(
-        sqs.create_queue(
-            QueueName="fanout", Attributes={"RedrivePolicy": policy, "VisibilityTimeout": "4"}
-        )["QueueUrl"]
-    )
+    url, _ = make_queue_with_dlq(moto_server, "fanout", dlq_name="fanout-dlq", visibility_s=4)
+    return url
 
 
 @pytest.fixture

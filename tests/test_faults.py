@@ -28,10 +28,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import boto3
 import pymysql
 import pytest
-from aws_server import REGION, MotoServer
+from aws_server import MotoServer, aws_client, make_queue_with_dlq
 from conftest import MYSQL_URL, ROOT, card_counts, eligible_ids, query, run_cli
 from smtp_server import SmtpTestServer
 
@@ -648,20 +647,7 @@ def test_mail_server_dies_or_hangs_mid_run(
 
 def make_sqs_queues(server: MotoServer) -> str:
     """A retry queue with a dead-letter queue (maxReceiveCount 5); returns its URL."""
-    sqs = boto3.client(
-        "sqs",
-        endpoint_url=server.endpoint,
-        region_name=REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    dlq = sqs.create_queue(QueueName="batchrun-dlq")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"
-    ]
-    policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "5"})
-    url = sqs.create_queue(QueueName="batchrun-retry", Attributes={"RedrivePolicy": policy})
-    return str(url["QueueUrl"])
+    return make_queue_with_dlq(server)[0]
 
 
 @pytest.mark.slow
@@ -860,13 +846,7 @@ def test_poison_messages_on_sqs_go_to_the_dead_letter_queue(
     queue_url = make_sqs_queues(moto_server)
     env = cli_env(mysql_url, smtp_server.url, BATCHRUN_RETRY_QUEUE=queue_url, **moto_server.env)
     _seed_users(mysql_url, env, 300, seed=36)
-    sqs = boto3.client(
-        "sqs",
-        endpoint_url=moto_server.endpoint,
-        region_name=REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    sqs = aws_client(moto_server)
     bodies = {label: body for label, body in POISON.items() if body}  # SQS refuses empty ones
     bodies["a 200 KiB body"] = _retry(reason="y" * 200_000)
     bodies["control characters"] = "\x09\x0a\x0d only the ones SQS allows"

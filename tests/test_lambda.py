@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import boto3
 import pytest
-from aws_server import REGION, MotoServer
+from aws_server import MotoServer, aws_client, make_queue_with_dlq
 from conftest import card_counts, eligible_ids, query
 from smtp_server import SmtpTestServer
 
@@ -52,28 +51,12 @@ def moto_server() -> Iterator[MotoServer]:
 @pytest.fixture
 def sqs(moto_server: MotoServer) -> Any:
     moto_server.reset()
-    return boto3.client(
-        "sqs",
-        endpoint_url=moto_server.endpoint,
-        region_name=REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    return aws_client(moto_server)
 
 
 @pytest.fixture
-def queue_url(sqs: Any) -> str:
-    dlq = sqs.create_queue(QueueName="batchrun-dlq")["QueueUrl"]
-    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"
-    ]
-    policy = json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "5"})
-    return str(
-        sqs.create_queue(
-            QueueName="batchrun-retry",
-            Attributes={"RedrivePolicy": policy, "VisibilityTimeout": "60"},
-        )["QueueUrl"]
-    )
+def queue_url(sqs: Any, moto_server: MotoServer) -> str:
+    return make_queue_with_dlq(moto_server, visibility_s=60)[0]
 
 
 @pytest.fixture
@@ -256,13 +239,7 @@ def test_the_database_url_comes_from_secrets_manager(
 ) -> None:
     want = prepare(mysql_url, 1200, seed=35)
     parts = urlsplit(mysql_url)
-    secrets = boto3.client(
-        "secretsmanager",
-        endpoint_url=moto_server.endpoint,
-        region_name=REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    secrets = aws_client(moto_server, "secretsmanager")
     # the JSON shape RDS writes for a managed secret
     value = {
         "username": parts.username,

@@ -21,9 +21,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from aws_server import REGION, MotoServer
+from aws_server import REGION, MotoServer, aws_client, make_queue_with_dlq
 from cfnlint.decode import decode
 from conftest import ROOT
 
@@ -326,16 +325,6 @@ def moto_server() -> Iterator[MotoServer]:
         yield server
 
 
-def aws_client(server: MotoServer, service: str) -> Any:
-    return boto3.client(
-        service,
-        endpoint_url=server.endpoint,
-        region_name=REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_zip_alone_sends_through_ses_with_an_sqs_retry_queue(
@@ -344,10 +333,7 @@ def test_zip_alone_sends_through_ses_with_an_sqs_retry_queue(
     """The scheduled run, not a dry run: aioboto3, botocore and aiohttp from the zip."""
     moto_server.reset()
     sqs = aws_client(moto_server, "sqs")
-    dlq = sqs.create_queue(QueueName="batchrun-dlq")["QueueUrl"]
-    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]
-    policy = json.dumps({"deadLetterTargetArn": dlq_arn["QueueArn"], "maxReceiveCount": "5"})
-    queue = sqs.create_queue(QueueName="batchrun-retry", Attributes={"RedrivePolicy": policy})
+    queue_url, dlq = make_queue_with_dlq(moto_server)
     ses = aws_client(moto_server, "ses")
     ses.verify_email_identity(EmailAddress=SENDER)
     url = prepare_db(tmp_path)
@@ -361,7 +347,7 @@ def test_zip_alone_sends_through_ses_with_an_sqs_retry_queue(
             "BATCHRUN_DB": url,  # the handler's own (the template passes a secret's ARN)
             "BATCHRUN_MAIL": f"ses://{REGION}",
             "BATCHRUN_FROM": SENDER,
-            "BATCHRUN_RETRY_QUEUE": queue["QueueUrl"],
+            "BATCHRUN_RETRY_QUEUE": queue_url,
         },
     )
     assert result["month"] == "2025-06"
@@ -372,7 +358,7 @@ def test_zip_alone_sends_through_ses_with_an_sqs_retry_queue(
     assert result["failed"] == result["queued_for_retry"] == 0
     # moto counts a raw message once per Destination and once per To header: not a count.
     assert ses.get_send_quota()["SentLast24Hours"] > 0
-    for url in (queue["QueueUrl"], dlq):
+    for url in (queue_url, dlq):
         depth = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
         assert depth["ApproximateNumberOfMessages"] == "0"
         assert depth["ApproximateNumberOfMessagesNotVisible"] == "0"

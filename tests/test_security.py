@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-import boto3
 import pymysql
 import pytest
-from aws_server import REGION, MotoServer
+from aws_server import MotoServer, aws_client, make_queue_with_dlq
 from cfnlint.decode import decode
 from conftest import MYSQL_URL, ROOT, card_counts, query, run_cli, table_digest
 from smtp_server import SmtpTestServer
@@ -398,21 +397,8 @@ def test_no_secret_in_sqs_messages_logs_or_lambda_output(
 ) -> None:
     secrets = needles(DB_PASSWORD, MAIL_PASSWORD, AWS_SECRET)
     moto_server.reset()
-    sqs = boto3.client(
-        "sqs",
-        endpoint_url=moto_server.endpoint,
-        region_name=REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    dlq = sqs.create_queue(QueueName="dlq")["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
-        "QueueArn"
-    ]
-    policy = json.dumps({"deadLetterTargetArn": arn, "maxReceiveCount": "1"})
-    queue_url = sqs.create_queue(QueueName="retry", Attributes={"RedrivePolicy": policy})[
-        "QueueUrl"
-    ]
+    sqs = aws_client(moto_server)
+    queue_url, dlq = make_queue_with_dlq(moto_server, "retry", dlq_name="dlq", max_receives=1)
     mail = f"smtp://mailer:{quote(MAIL_PASSWORD, safe='')}@127.0.0.1:{smtp_server.port}"
     aws = _aws_env(moto_server)
     env = cli_env(secret_db_url, mail, BATCHRUN_RETRY_QUEUE=queue_url, **aws)
@@ -474,14 +460,7 @@ class _Context:
 
 def test_vv_never_prints_aws_credentials(moto_server: MotoServer, tmp_path: Path) -> None:
     moto_server.reset()
-    sqs = boto3.client(
-        "sqs",
-        endpoint_url=moto_server.endpoint,
-        region_name=REGION,
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    queue_url = sqs.create_queue(QueueName="retry")["QueueUrl"]
+    queue_url = aws_client(moto_server).create_queue(QueueName="retry")["QueueUrl"]
     db = f"sqlite:///{tmp_path / 'x.db'}"
     aws = _aws_env(moto_server) | {"AWS_SESSION_TOKEN": AWS_TOKEN}
     env = cli_env(db, f"file://{tmp_path / 'outbox'}", BATCHRUN_RETRY_QUEUE=queue_url, **aws)
