@@ -46,6 +46,7 @@ import email.policy
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from email.message import EmailMessage
@@ -389,6 +390,17 @@ class SmtpTestServer:
     def message_ids(self) -> list[str | None]:
         """The Message-ID of each accepted message, in arrival order."""
         return [message.message_id for message in self.messages]
+
+    def sends_per_user(self, year: int | None = None) -> Counter[int]:
+        """Accepted messages by user id, read from batchrun's stable Message-ID
+        ``<job.year.user@domain>``; only ``year``'s when given."""
+        counts: Counter[int] = Counter()
+        for message_id in self.message_ids():
+            assert message_id is not None, "a message without a Message-ID"
+            _, message_year, uid = message_id.strip("<>").split("@")[0].split(".")
+            if year is None or int(message_year) == year:
+                counts[int(uid)] += 1
+        return counts
 
     @property
     def transactions(self) -> int:

@@ -29,15 +29,6 @@ def valid_eligible(db_url: str, month: int = 6) -> set[int]:
     return ids & good
 
 
-def sent_user_ids(server: SmtpTestServer) -> Counter[int]:
-    """Messages the server accepted, by user id (parsed from the stable Message-ID)."""
-    counts: Counter[int] = Counter()
-    for message_id in server.message_ids():
-        assert message_id is not None
-        counts[int(message_id.strip("<>").split("@")[0].split(".")[2])] += 1
-    return counts
-
-
 def closed_port() -> int:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -62,7 +53,7 @@ async def test_month_completes_once_and_a_rerun_does_nothing(
     assert summary.eligible == len(eligible_ids(db_url, 6))
     assert summary.skipped == summary.eligible - len(want)
     assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
-    assert sent_user_ids(smtp_server) == Counter(dict.fromkeys(want, 1))
+    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
 
     again = await job.run(JUNE, Options(concurrency=20, page_size=100))
     assert (again.eligible, again.cards_created, again.emails_sent) == (0, 0, 0)
@@ -108,7 +99,7 @@ async def test_two_runs_at_once_partition_the_month(
     assert a.emails_sent + b.emails_sent == len(want)
     assert a.emails_sent > 0 and b.emails_sent > 0, "both runs should have done some work"
     assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
-    assert sent_user_ids(smtp_server) == Counter(dict.fromkeys(want, 1))
+    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
 
 
 async def test_temporary_failures_exit_3_and_retry_completes_the_month(
@@ -142,7 +133,7 @@ async def test_temporary_failures_exit_3_and_retry_completes_the_month(
     status = await job.store.status(year=2025, month=6)
     assert (status.pending, status.emails_sent) == (0, len(want))
     assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
-    assert sent_user_ids(smtp_server) == Counter(dict.fromkeys(want, 1))
+    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
 
 
 async def test_permanent_failure_is_recorded_dead_lettered_and_never_retried(
@@ -170,7 +161,7 @@ async def test_permanent_failure_is_recorded_dead_lettered_and_never_retried(
     assert await job.queue.depths() == (0, 1)  # type: ignore[union-attr]
     result = await job.retry()
     assert result.processed == 0
-    assert uid not in sent_user_ids(smtp_server)
+    assert uid not in smtp_server.sends_per_user()
 
 
 async def test_a_user_failing_every_time_is_dead_lettered_after_max_receives(
@@ -264,7 +255,7 @@ async def test_mail_server_down_trips_the_breaker_and_loses_nothing(
     status = await up.store.status(year=2025, month=6)
     assert status.pending == 0
     assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
-    assert sent_user_ids(smtp_server) == Counter(dict.fromkeys(want, 1))
+    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
 
 
 async def test_a_dead_runs_claims_are_taken_over_when_they_expire(
@@ -283,4 +274,4 @@ async def test_a_dead_runs_claims_are_taken_over_when_they_expire(
     summary = await job.run(JUNE, Options(concurrency=10))
     assert now_ms() - started >= 900, "the run must wait for the foreign claims to expire"
     assert summary.emails_sent == len(want)
-    assert sent_user_ids(smtp_server) == Counter(dict.fromkeys(want, 1))
+    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))

@@ -95,12 +95,6 @@ def start_worker(env: dict[str, str], idle_exit: float) -> subprocess.Popen[str]
     )
 
 
-def per_user(server: SmtpTestServer) -> Counter[int]:
-    return Counter(
-        int(str(m).strip("<>").split("@")[0].split(".")[2]) for m in server.message_ids()
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_producer_and_three_workers_complete_the_month(
@@ -121,7 +115,7 @@ def test_a_producer_and_three_workers_complete_the_month(
     assert sum(1 for r in results if r["succeeded"] > 0) >= 2, "the work should be shared"
     assert sum(r["succeeded"] for r in results) == len(want)
     assert card_counts(mysql_url, 2025) == dict.fromkeys(want, 1)
-    assert per_user(smtp_server) == Counter(dict.fromkeys(want, 1))
+    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
     again = produce(env, queue_url)
     assert (again["shards"], again["users"]) == (0, 0), "a rerun queues no finished user"
 
@@ -147,7 +141,7 @@ def test_duplicate_shards_and_a_killed_worker_still_give_one_card_each(
         _, err = worker.communicate(timeout=240)
         assert worker.returncode == 0, err
     assert card_counts(mysql_url, 2025) == dict.fromkeys(want, 1)
-    sends = per_user(smtp_server)
+    sends = smtp_server.sends_per_user()
     assert set(sends) == want, "every user emailed"
     duplicates = sum(n - 1 for n in sends.values())
     assert duplicates <= WORKER_CONCURRENCY, "only the killed worker's in-flight sends"

@@ -107,16 +107,6 @@ def user_of(message_id: str | None) -> tuple[int, int]:
     return int(year), int(uid)
 
 
-def sent_per_user(server: SmtpTestServer, year: int) -> Counter[int]:
-    """Messages the server accepted for ``year``, by user."""
-    counts: Counter[int] = Counter()
-    for message_id in server.message_ids():
-        message_year, uid = user_of(message_id)
-        if message_year == year:
-            counts[uid] += 1
-    return counts
-
-
 def codes_in_mail(server: SmtpTestServer, year: int) -> dict[int, set[str]]:
     """user id -> the gift codes their emails showed (decoded text part)."""
     shown: dict[int, set[str]] = {}
@@ -175,7 +165,7 @@ def assert_month_complete(
 ) -> int:
     """The invariants after a month completed; returns the duplicate emails seen."""
     assert card_counts(db_url, year) == dict.fromkeys(want, 1), f"one card each ({where})"
-    per_user = sent_per_user(server, year)
+    per_user = server.sends_per_user(year)
     assert set(per_user) == want, (
         f"every eligible user emailed, nobody else ({where}): "
         f"missing {sorted(want - set(per_user))[:10]}, extra {sorted(set(per_user) - want)[:10]}"
@@ -405,7 +395,7 @@ async def test_a_dead_runs_claims_expiring_while_a_page_is_prepared_are_still_do
         )
     finally:
         await mailer.close()
-    assert sent_per_user(smtp_server, 2025) == Counter(dict.fromkeys(want, 1)), summary
+    assert smtp_server.sends_per_user(2025) == Counter(dict.fromkeys(want, 1)), summary
     assert (await store.status(year=2025, month=6)).pending == 0
 
 
@@ -609,7 +599,7 @@ def test_mail_server_dies_or_hangs_mid_run(
             run.kill()
             run.communicate()
     elapsed = time.monotonic() - started
-    delivered = Counter(user_of(m)[1] for m in server.message_ids())
+    delivered = server.sends_per_user()
     assert run.returncode == 3, f"{fault}: exit {run.returncode}: {err}"
     assert elapsed < 45, f"{fault}: the run must not grind through one timeout per user"
     summary = json.loads(out)
@@ -630,7 +620,7 @@ def test_mail_server_dies_or_hangs_mid_run(
     retry = run_cli("retry", "--json", env=retry_env, timeout=120)
     assert retry.returncode == 0, retry.stderr
     assert summary_of(retry)["remaining"] == 0
-    after = Counter(user_of(m)[1] for m in healthy.message_ids())
+    after = healthy.sends_per_user()
     per_user = delivered + after
     assert set(per_user) == want, f"{fault}: nothing lost"
     assert sum(n - 1 for n in per_user.values()) <= concurrency, f"{fault}: {per_user}"
@@ -826,7 +816,7 @@ def test_poison_messages_are_dead_lettered_with_the_reason_logged(
         assert str(dead[body]).startswith("poison: "), (label, dead[body])
     status = status_of(env, "2025-06")
     assert (status["dead_letter_depth"], status["pending"]) == (len(POISON), 0)
-    assert sent_per_user(smtp_server, 2025)[victim] == 1
+    assert smtp_server.sends_per_user(2025)[victim] == 1
 
     again = run_cli("retry", "--json", env=env)
     assert again.returncode == 0 and summary_of(again)["processed"] == 0, "never retried"
@@ -1066,7 +1056,7 @@ def test_a_birthday_on_29_february_in_a_non_leap_year(
     assert run.returncode == 0, run.stderr
     summary = summary_of(run)
     assert (summary["eligible"], summary["emails_sent"]) == (2, 2)
-    assert sent_per_user(smtp_server, year) == Counter({leapling: 1, other: 1})
+    assert smtp_server.sends_per_user(year) == Counter({leapling: 1, other: 1})
     (scheduled,) = query(
         db_url,
         "SELECT scheduled_at FROM gift_card WHERE idempotency_key = %s",

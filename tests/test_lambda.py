@@ -92,12 +92,6 @@ def prepare(db_url: str, users: int, seed: int) -> set[int]:
     return {uid for uid in eligible_ids(db_url, 6) if valid_address(emails[uid])}
 
 
-def per_user(server: SmtpTestServer) -> Counter[int]:
-    return Counter(
-        int(str(m).strip("<>").split("@")[0].split(".")[2]) for m in server.message_ids()
-    )
-
-
 def drain_as_sqs_events(
     sqs: Any, queue_url: str, environ: dict[str, str], seconds: float
 ) -> list[dict[str, Any]]:
@@ -162,7 +156,7 @@ def test_scheduled_event_completes_the_month(
     assert result["month"] == "2025-06" and result["dry_run"] is False
     assert result["emails_sent"] == result["cards_created"] == len(want)
     assert card_counts(mysql_url, 2025) == dict.fromkeys(want, 1)
-    assert per_user(smtp_server) == Counter(dict.fromkeys(want, 1))
+    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     (log_line,) = [line for line in lines if line.get("status") == "done"]
     assert log_line["request_id"] == "req-1" and log_line["event"] == "schedule"
@@ -207,7 +201,7 @@ def test_deadline_hands_off_and_sqs_invocations_complete_the_month(
     assert len(results) >= 2, "the month should need more than one more invocation"
     assert all(r["batchItemFailures"] == [] for r in results)
     assert card_counts(mysql_url, 2025) == dict.fromkeys(want, 1)
-    assert per_user(smtp_server) == Counter(dict.fromkeys(want, 1))
+    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
 
 
 def test_a_poison_record_fails_alone(
@@ -220,7 +214,7 @@ def test_a_poison_record_fails_alone(
     result = aws_lambda.handle(event, FakeContext(60), environ=environ)
     failed = {f["itemIdentifier"] for f in result["batchItemFailures"]}
     assert failed == {"bad-json", "unknown-job", "missing-field"}
-    assert per_user(smtp_server) == Counter({want[0]: 1, want[1]: 1})
+    assert smtp_server.sends_per_user() == Counter({want[0]: 1, want[1]: 1})
     assert card_counts(mysql_url, 2025) == {want[0]: 1, want[1]: 1}
 
 
