@@ -604,9 +604,12 @@ def test_mail_server_dies_or_hangs_mid_run(
     assert elapsed < 45, f"{fault}: the run must not grind through one timeout per user"
     summary = json.loads(out)
     assert summary["stopped"] and "mail" in summary["stopped"], summary
-    # A server killed between recording a message and replying 250 may hold one more.
+    # A server that kills or drops its connections between recording a message and
+    # replying 250 holds it while the client saw a failure: at most one per connection.
+    # A server that hangs with connections open (hangs) never records what it hangs on.
     assert summary["emails_sent"] <= sum(delivered.values()) < len(want), summary
-    if fault != "dies":
+    assert sum(delivered.values()) <= summary["emails_sent"] + concurrency, summary
+    if fault == "hangs":
         assert summary["emails_sent"] == sum(delivered.values()), "a hung send never lands"
     assert summary["failed"] == summary["queued_for_retry"] > 0, summary
     assert summary["continuation"] or summary["emails_sent"] + summary["failed"] == len(want)
