@@ -35,14 +35,18 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _mysql_connect(database: str | None = None) -> pymysql.connections.Connection[Any]:
-    parts = urlsplit(MYSQL_URL)
+def mysql_connect(
+    url: str | None = None, database: str | None = None
+) -> pymysql.connections.Connection[Any]:
+    """An autocommit pymysql connection to ``url`` (default: the test server, no database);
+    ``database`` overrides the URL's own."""
+    parts = urlsplit(url or MYSQL_URL)
     return pymysql.connect(
         host=parts.hostname or "127.0.0.1",
         port=parts.port or 3306,
         user=parts.username or "root",
         password=parts.password or "",
-        database=database,
+        database=database or parts.path.lstrip("/") or None,
         autocommit=True,
         connect_timeout=5,
         charset="utf8mb4",
@@ -53,7 +57,7 @@ def _mysql_connect(database: str | None = None) -> pymysql.connections.Connectio
 def mysql_server() -> str:
     """The server's base URL; skips (or fails under CI) when it cannot be reached."""
     try:
-        _mysql_connect().close()
+        mysql_connect().close()
     except pymysql.err.MySQLError as exc:
         message = (
             f"MySQL not reachable at {MYSQL_URL} ({exc}); start MariaDB or set "
@@ -69,7 +73,7 @@ def mysql_server() -> str:
 def mysql_url(mysql_server: str) -> Iterator[str]:
     """A fresh, empty database for this test."""
     name = f"batchrun_t_{uuid.uuid4().hex[:12]}"
-    conn = _mysql_connect()
+    conn = mysql_connect()
     try:
         with conn.cursor() as cur:
             cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
@@ -175,7 +179,7 @@ def table_digest(db_url: str, tables: list[str] | None = None) -> dict[str, str]
         finally:
             conn.close()
         return digests
-    conn = _mysql_connect(urlsplit(db_url).path.lstrip("/"))
+    conn = mysql_connect(db_url)
     try:
         with conn.cursor() as cur:
             if tables is None:
@@ -199,7 +203,7 @@ def query(db_url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
             return rows
         finally:
             conn.close()
-    conn = _mysql_connect(urlsplit(db_url).path.lstrip("/"))
+    conn = mysql_connect(db_url)
     try:
         with conn.cursor() as cur:
             cur.execute(sql, args or None)

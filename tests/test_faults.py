@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 import pymysql
 import pytest
 from aws_server import MotoServer, aws_client, make_queue_with_dlq
-from conftest import MYSQL_URL, ROOT, card_counts, eligible_ids, query, run_cli
+from conftest import ROOT, card_counts, eligible_ids, mysql_connect, query, run_cli
 from smtp_server import SmtpTestServer
 
 from batchrun import aws_lambda
@@ -402,18 +402,6 @@ async def test_a_dead_runs_claims_expiring_while_a_page_is_prepared_are_still_do
 # -- 2. the database connection killed mid-run ---------------------------------------------
 
 
-def _admin() -> pymysql.connections.Connection[Any]:
-    parts = urlsplit(MYSQL_URL)
-    return pymysql.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 3306,
-        user=parts.username or "root",
-        password=parts.password or "",
-        autocommit=True,
-        connect_timeout=5,
-    )
-
-
 def kill_connections(admin: pymysql.connections.Connection[Any], database: str) -> int:
     """KILL every connection to ``database`` but the killer's own; return how many."""
     with admin.cursor() as cur:
@@ -453,7 +441,7 @@ def test_database_connections_killed_mid_run(
     eligible = eligible_ids(mysql_url, 6)
     smtp_server.set_latency(0.01)
     run = spawn("birthday", "--month", "2025-06", "--concurrency", str(CONCURRENCY), env=env)
-    admin = _admin()
+    admin = mysql_connect()
     killed = 0
     try:
         assert wait_until(lambda: len(smtp_server.messages) >= len(want) // 4, timeout=60)
@@ -511,7 +499,7 @@ def test_database_connections_killed_during_a_retry_drain(
 
     smtp_server.set_policy(None)
     smtp_server.set_latency(0.01)
-    admin = _admin()
+    admin = mysql_connect()
     before = len(smtp_server.messages)
     drain = spawn("retry", "--concurrency", "5", "--json", env=env, stdout=subprocess.PIPE)
     try:

@@ -13,11 +13,9 @@ import re
 from collections.abc import Callable
 from datetime import date
 from typing import Any
-from urllib.parse import urlsplit
 
-import pymysql
 import pytest
-from conftest import card_counts, eligible_ids, query, run_cli, table_digest
+from conftest import card_counts, eligible_ids, mysql_connect, query, run_cli, table_digest
 
 from batchrun.db import Store, connect
 from batchrun.errors import NotMigratedError
@@ -359,15 +357,7 @@ def test_migrate_cli_twice(db_url: str) -> None:
 
 def _explain_columns(db_url: str) -> list[str]:
     """EXPLAIN's column names as this server reports them."""
-    parts = urlsplit(db_url)
-    conn = pymysql.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 3306,
-        user=parts.username or "root",
-        password=parts.password or "",
-        database=parts.path.lstrip("/"),
-        autocommit=True,
-    )
+    conn = mysql_connect(db_url)
     try:
         with conn.cursor() as cur:
             cur.execute("EXPLAIN SELECT id FROM user WHERE id = 1")

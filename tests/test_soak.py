@@ -30,10 +30,9 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit
 
-import pymysql
 import pytest
+from conftest import mysql_connect
 
 SOAK = os.environ.get("BATCHRUN_SOAK") == "1"
 pytestmark = pytest.mark.skipif(not SOAK, reason="long variants: BATCHRUN_SOAK=1 (make soak)")
@@ -241,25 +240,12 @@ def test_soak_crash_anywhere_with_temporary_failures(db_url: str, smtp_server: A
 # -- load: a million users, 1% temporary failures ---------------------------------------------
 
 
-def _admin(mysql_url: str) -> pymysql.connections.Connection[Any]:
-    parts = urlsplit(mysql_url)
-    return pymysql.connect(
-        host=parts.hostname or "127.0.0.1",
-        port=parts.port or 3306,
-        user=parts.username or "root",
-        password=parts.password or "",
-        database=parts.path.lstrip("/"),
-        autocommit=True,
-        charset="utf8mb4",
-    )
-
-
 def _seed_month(mysql_url: str, users: int, seed: int) -> None:
     """``users`` active users born in June with multi-row INSERTs; 0.1% invalid addresses."""
     rng = random.Random(seed)
     first = ["Ada", "Grace", "Alan", "Zoë", "José", "李", "Søren", "Margaret"]
     last = ["Lovelace", "Hopper", "Turing", "Müller", "O'Brien", "Nakamura"]
-    conn = _admin(mysql_url)
+    conn = mysql_connect(mysql_url)
     try:
         with conn.cursor() as cur:
             batch: list[tuple[Any, ...]] = []
@@ -327,7 +313,7 @@ def _month_users(mysql_url: str) -> tuple[set[int], set[int]]:
     """(eligible, valid): users the June run takes on, and those with a valid address."""
     from batchrun.mail.base import valid_address
 
-    conn = _admin(mysql_url)
+    conn = mysql_connect(mysql_url)
     try:
         with conn.cursor() as cur:
             cur.execute(
@@ -399,7 +385,7 @@ def test_soak_a_million_users_with_one_percent_temporary_failures(
         assert drain["remaining"] == 0 and drain["dead_lettered"] == 0, drain
 
         # The invariants over the whole month.
-        conn = _admin(mysql_url)
+        conn = mysql_connect(mysql_url)
         try:
             with conn.cursor() as cur:
                 cur.execute(
