@@ -1,5 +1,34 @@
-"""batchrun: per-user batch jobs against your own database, exactly once."""
+"""batchrun: per-entity batch jobs against your own database, exactly once.
+
+The public API, everything a job needs (the built-in birthday job imports nothing else):
+
+    Job, Context        the contract a job is written against (batchrun.job)
+    Skip, Retry, Fail   what ``process`` raises to end one entity other than by success
+    Period              the year, month or day a run is for (batchrun.period)
+    SqlFolder           a job's named queries and schema steps, one folder per dialect
+    valid_address       the plain syntax check batchrun applies to every recipient
+    gift_codes          fresh 80-bit codes (Crockford base32) and their display form
+"""
 
 from __future__ import annotations
 
+from batchrun import codes as gift_codes
+from batchrun.db.sql import SqlFolder
+from batchrun.job import Context, Fail, Job, Retry, Skip
+from batchrun.mail.base import valid_address
+from batchrun.period import Period
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "Context",
+    "Fail",
+    "Job",
+    "Period",
+    "Retry",
+    "Skip",
+    "SqlFolder",
+    "__version__",
+    "gift_codes",
+    "valid_address",
+]

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
+from importlib.abc import Traversable
+from pathlib import Path
 from typing import Any
 
 _NAME = re.compile(r"^--\s*name:\s*([\w.-]+)\s*$", re.MULTILINE)
@@ -83,7 +85,7 @@ class Queries:
                 raise KeyError(f"query parameter :{name} not given")
             order.append(name)
             value = params[name]
-            if not star:
+            if not star and not isinstance(value, list):
                 return mark
             if not isinstance(value, list) or not value:
                 raise ValueError(f"query parameter :{name}* needs a non-empty list")
@@ -117,26 +119,70 @@ def parse(text: str) -> dict[str, Statement]:
     return statements
 
 
+class SqlFolder:
+    """Named queries in ``<folder>/<dialect>/*.sql``, with ``<folder>/common/*.sql`` for the
+    blocks every dialect shares (a dialect's own block of the same name wins).
+
+    Args:
+        folder: a path, or a package resource (``importlib.resources.files(...)``).
+    """
+
+    def __init__(self, folder: Path | str | Traversable) -> None:
+        self.folder: Traversable = Path(folder) if isinstance(folder, str | Path) else folder
+        self._loaded: dict[str, dict[str, Statement]] = {}
+
+    @classmethod
+    def beside(cls, module_file: str, name: str = "sql") -> SqlFolder:
+        """The folder ``name`` next to a module: ``SqlFolder.beside(__file__)``."""
+        return cls(Path(module_file).resolve().parent / name)
+
+    def statements(self, dialect: str) -> dict[str, Statement]:
+        """Every named statement of ``dialect``."""
+        loaded = self._loaded.get(dialect)
+        if loaded is None:
+            loaded = {}
+            for sub in ("common", dialect):
+                own: dict[str, Statement] = {}
+                directory = self.folder.joinpath(sub)
+                if not directory.is_dir():
+                    continue
+                for entry in sorted(directory.iterdir(), key=lambda e: e.name):
+                    if entry.name.endswith(".sql"):
+                        for name, statement in parse(entry.read_text(encoding="utf-8")).items():
+                            if name in own:
+                                raise ValueError(f"query {name} defined twice in {sub}/")
+                            own[name] = statement
+                loaded.update(own)
+            self._loaded[dialect] = loaded
+        return loaded
+
+    def text(self, dialect: str, name: str) -> str:
+        """The SQL of ``name`` for ``dialect``."""
+        try:
+            return self.statements(dialect)[name].text
+        except KeyError:
+            raise LookupError(f"no query {name!r} for {dialect} in {self.folder}") from None
+
+    def migration_steps(self, dialect: str) -> list[Statement]:
+        """The schema steps (``migrate_*``) of ``dialect`` in name order, each guarded."""
+        steps = [s for n, s in sorted(self.statements(dialect).items()) if n.startswith("migrate_")]
+        for step in steps:
+            if not step.unless:
+                raise ValueError(f"migration step {step.name} has no -- unless: guard")
+        return steps
+
+
+BATCHRUN_SQL = SqlFolder(resources.files("batchrun").joinpath("sql"))
+PLACEHOLDERS = {"mysql": "%s", "sqlite": "?"}
+
+
 @cache
 def load(dialect: str) -> Queries:
-    """Load every ``.sql`` file of ``dialect`` shipped inside the package."""
-    folder = resources.files("batchrun").joinpath("sql", dialect)
-    statements: dict[str, Statement] = {}
-    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
-        if entry.name.endswith(".sql"):
-            for name, statement in parse(entry.read_text(encoding="utf-8")).items():
-                if name in statements:
-                    raise ValueError(f"query {name} defined twice in sql/{dialect}")
-                statements[name] = statement
-    placeholder = "%s" if dialect == "mysql" else "?"
-    return Queries(dialect=dialect, placeholder=placeholder, statements=statements)
+    """batchrun's own named queries for ``dialect``, shipped inside the package."""
+    statements = BATCHRUN_SQL.statements(dialect)
+    return Queries(dialect=dialect, placeholder=PLACEHOLDERS[dialect], statements=statements)
 
 
 def migration_steps(dialect: str) -> Sequence[Statement]:
-    """The schema steps of ``dialect`` in order (queries named ``migrate_NNNN_*``)."""
-    queries = load(dialect)
-    steps = [s for name, s in sorted(queries.statements.items()) if name.startswith("migrate_")]
-    for step in steps:
-        if not step.unless:
-            raise ValueError(f"migration step {step.name} has no -- unless: guard")
-    return steps
+    """batchrun's own schema steps of ``dialect`` in order (queries named ``migrate_NNNN_*``)."""
+    return BATCHRUN_SQL.migration_steps(dialect)

@@ -1,0 +1,198 @@
+"""The contract a job is written against: ``Job``, ``Context`` and the three verdicts.
+
+A job is two methods, the way Shopify's job-iteration has ``build_enumerator`` and
+``each_iteration``: ``page`` says which entities there are, ``process`` does one. batchrun
+owns everything else: the cursor, claims and leases, the ledger that makes each entity
+happen once per ``once_per`` period, pacing, retries, hand-offs and the summary.
+
+    class Renewal(batchrun.Job):
+        name = "renewal"
+        period = "day"
+
+        async def page(self, ctx, after, limit):
+            return await ctx.db.fetch("SELECT id, email FROM account WHERE ... AND id > :after "
+                                      "ORDER BY id LIMIT :limit", after=after, limit=limit)
+
+        async def process(self, ctx, row):
+            await ctx.send_email(to=row["email"], subject="...", text="...")
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from batchrun.db.sql import SqlFolder
+from batchrun.period import Period, Unit
+
+NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+
+
+class Verdict(Exception):
+    """Base of the verdicts ``process`` may raise; carries a short reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Skip(Verdict):
+    """End this entity for good, without failure (counted ``skipped``)."""
+
+
+class Retry(Verdict):
+    """Queue this entity for another attempt, after ``delay_s`` if given."""
+
+    def __init__(self, reason: str, delay_s: float | None = None) -> None:
+        super().__init__(reason)
+        self.delay_s = delay_s
+
+
+class Fail(Verdict):
+    """Fail this entity for good (dead-lettered, listed by ``batchrun status``)."""
+
+
+class Database(Protocol):
+    """``ctx.db``: the job's database, with ``:name`` parameters always bound by the driver.
+
+    A list parameter expands for ``IN :ids``.
+    """
+
+    dialect: str
+
+    async def fetch(self, sql: str, /, **params: Any) -> list[dict[str, Any]]: ...
+
+    async def execute(self, sql: str, /, **params: Any) -> int: ...
+
+
+class Effects(Protocol):
+    """What the runtime lends a context: the mail path and the counters."""
+
+    async def send_email(self, ctx: Context, **fields: Any) -> None: ...
+
+    def count(self, name: str, n: int) -> None: ...
+
+
+class Context:
+    """What a job's methods are given: the period, the database and the ways to act.
+
+    In ``process``, ``key`` is the entity's stable idempotency key
+    ``"{job}:{once_per period}:{id}"``: for a UNIQUE column, an HTTP ``Idempotency-Key``
+    or a Message-ID. Outside ``process`` it is empty.
+    """
+
+    __slots__ = ("_effects", "db", "dry_run", "id", "job", "key", "once", "period")
+
+    def __init__(
+        self,
+        job: Job,
+        period: Period,
+        db: Database,
+        effects: Effects,
+        *,
+        dry_run: bool = False,
+    ) -> None:
+        self.job = job
+        self.period = period
+        self.once = period.within(job.once_unit())  # the period "exactly once" counts in
+        self.db = db
+        self.dry_run = dry_run
+        self.key = ""
+        self.id: int | None = None
+        self._effects = effects
+
+    def entity(self, entity_id: int) -> Context:
+        """The context of one entity: the same run, with ``key`` and ``id`` set."""
+        child = Context.__new__(Context)
+        child.job, child.period, child.once = self.job, self.period, self.once
+        child.db, child.dry_run, child._effects = self.db, self.dry_run, self._effects
+        child.id = entity_id
+        child.key = f"{self.job.name}:{self.once}:{entity_id}"
+        return child
+
+    def sql(self, name: str) -> str:
+        """The job's named query ``name`` for this database's dialect (``Job.sql``)."""
+        if self.job.sql is None:
+            raise LookupError(f"job {self.job.name!r} has no sql folder")
+        return self.job.sql.text(self.db.dialect, name)
+
+    async def send_email(
+        self,
+        to: str,
+        subject: str | None = None,
+        text: str | None = None,
+        html: str | None = None,
+        to_name: str | None = None,
+        template: str | None = None,
+        **variables: Any,
+    ) -> None:
+        """Send one email through the configured mailer, rate limit and circuit breaker.
+
+        Either ``subject`` and ``text`` (``html`` optional), or a ``template`` whose
+        ``subject.txt``, ``body.txt`` and ``body.html`` are rendered with ``variables``.
+        Its Message-ID and ``X-Batchrun-Id`` derive from ``key``. Raises ``Skip`` for an
+        address that fails a plain syntax check.
+        """
+        await self._effects.send_email(
+            self,
+            to=to,
+            subject=subject,
+            text=text,
+            html=html,
+            to_name=to_name,
+            template=template,
+            variables=variables,
+        )
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``name``, reported as a key of the run's JSON summary."""
+        self._effects.count(name, n)
+
+
+class Job:
+    """A batch job: subclass it, set ``name``, write ``page`` and ``process``.
+
+    Class attributes:
+        name: ``[a-z][a-z0-9_-]{0,31}``; part of every ledger and idempotency key.
+        period: what ``--period`` takes: ``"year"``, ``"month"`` or ``"day"``.
+        once_per: the unit "exactly once" counts in (default: ``period``); at least as
+            long as ``period``.
+        description: one line for ``batchrun jobs``.
+        sql: the job's named queries (``SqlFolder``); statements named ``migrate_*``
+            are its schema steps, applied by ``batchrun db migrate``.
+        templates: the folder of the job's email templates (default: ``templates/``
+            beside the job's module).
+        requires: table -> columns the job needs; ``run`` stops before claiming
+            anything when one is missing.
+    """
+
+    name: ClassVar[str] = ""
+    period: ClassVar[Unit] = "month"
+    once_per: ClassVar[Unit | None] = None
+    description: ClassVar[str] = ""
+    sql: ClassVar[SqlFolder | None] = None
+    templates: ClassVar[Path | str | None] = None
+    requires: ClassVar[Mapping[str, Sequence[str]]] = {}
+
+    @classmethod
+    def once_unit(cls) -> Unit:
+        return cls.once_per or cls.period
+
+    async def page(self, ctx: Context, after: int, limit: int) -> list[dict[str, Any]]:
+        """Rows with an integer ``id`` greater than ``after``, ascending, at most ``limit``."""
+        raise NotImplementedError
+
+    async def prepare(self, ctx: Context, rows: list[dict[str, Any]]) -> None:
+        """Once per claimed page, before any ``process``: batched effects (optional).
+
+        It may add keys to the rows; ``process`` sees them.
+        """
+
+    async def process(self, ctx: Context, row: dict[str, Any]) -> None:
+        """Do one entity. Returning is success; raise ``Skip``, ``Retry`` or ``Fail``."""
+        raise NotImplementedError
+
+
+__all__ = ["NAME", "Context", "Database", "Effects", "Fail", "Job", "Retry", "Skip", "Verdict"]
