@@ -1,0 +1,102 @@
+"""credits: grant each active customer this month's credit through the credits HTTP API.
+
+``POST /grants`` grants again on every call, so exactly-once rests on the application's
+``credit_grant`` table, UNIQUE on the key: a rerun that finds the key's row does not call
+again; otherwise the call carries ``Idempotency-Key: ctx.key`` and its grant id is recorded
+with an insert-ignore. Left open: a crash or timeout after the API granted and before that
+insert; the retry calls again with the same key, which only an API honouring it can drop.
+Configuration, read once: ``CREDITS_API_URL`` (http://127.0.0.1:8080), ``CREDITS_API_TIMEOUT_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+import batchrun
+
+CREDITS = {"starter": 100, "pro": 500, "team": 2000}  # monthly credit by plan
+
+
+class MonthlyCredits(batchrun.Job):
+    """One credit grant per active customer and month, recorded in ``credit_grant``."""
+
+    name = "credits"
+    period = "month"
+    description = "Grant each active customer a monthly credit through the credits API"
+    sql = batchrun.SqlFolder.beside(__file__)
+    requires = {
+        "customer": ("id", "email", "plan", "active"),
+        "credit_grant": ("idempotency_key", "customer_id", "amount", "api_grant_id"),
+    }
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
+        env = os.environ if environ is None else environ
+        self.base_url = env.get("CREDITS_API_URL", "http://127.0.0.1:8080")
+        self.timeout_s = float(env.get("CREDITS_API_TIMEOUT_S", "10"))
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def page(self, ctx: batchrun.Context, after: int, limit: int) -> list[dict[str, Any]]:
+        return await ctx.db.fetch(ctx.sql("page"), after=after, limit=limit)
+
+    async def process(self, ctx: batchrun.Context, row: dict[str, Any]) -> None:
+        if await ctx.db.fetch(ctx.sql("grant_for_key"), key=ctx.key):
+            return  # granted and recorded before; only batchrun's ledger missed it
+        amount = CREDITS.get(row["plan"])
+        if amount is None:
+            raise batchrun.Skip(f"no monthly credit for plan {row['plan']!r}")
+        grant = {"key": ctx.key, "customer_id": row["id"], "amount": amount}
+        grant["api_grant_id"] = await self._grant(ctx, row["id"], amount)
+        if await ctx.db.execute(ctx.sql("record_grant"), **grant):  # 0: recorded already
+            ctx.count("credits_granted")
+
+    async def _grant(self, ctx: batchrun.Context, customer_id: int, amount: int) -> str:
+        body = {"customer_id": customer_id, "amount": amount, "period": str(ctx.period)}
+        try:
+            response = await self.client().post(
+                "/grants", json=body, headers={"Idempotency-Key": ctx.key}
+            )
+        except httpx.TransportError as exc:  # timeouts included
+            raise batchrun.Retry(f"credits API unreachable: {type(exc).__name__}") from exc
+        status = response.status_code
+        if status == 429:
+            raise batchrun.Retry("credits API throttled (429)", delay_s=retry_after(response))
+        if status >= 500 or status == 408:
+            raise batchrun.Retry(f"credits API answered {status}")
+        if not response.is_success:
+            raise batchrun.Fail(f"credits API answered {status} {response.reason_phrase}")
+        try:
+            grant_id = response.json()["id"]
+        except (ValueError, KeyError, TypeError):
+            grant_id = None
+        if not isinstance(grant_id, str | int) or grant_id == "":
+            # It answered success, so the credit may exist: a retry could grant it twice.
+            raise batchrun.Fail(f"credits API answered {status} without a grant id")
+        return str(grant_id)
+
+    def client(self) -> httpx.AsyncClient:
+        """The job's one client, made on first use in the running event loop."""
+        loop = asyncio.get_running_loop()
+        # A client's connections belong to the loop that opened them: a warm Lambda runs
+        # each invocation in a new loop, so a new loop gets a new client.
+        if self._client is None or self._loop is not loop:
+            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s)
+            self._loop = loop
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the client (its pooled connections)."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The delay a ``Retry-After: SECONDS`` header asks for (its date form is not used)."""
+    value = response.headers.get("Retry-After", "").strip()
+    return float(value) if value.isascii() and value.isdigit() else None
