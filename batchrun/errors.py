@@ -3,6 +3,7 @@
     BatchrunError                    anything batchrun reports as one clear line
     ├── UsageError                   bad input from the user (exit 2)
     ├── ConfigError                  an unusable setting or URL (exit 2)
+    │   └── TemplateError            an email template is missing, broken or lacks a variable
     ├── DatabaseError                the database failed or cannot be reached
     │   └── NotMigratedError         batchrun's tables are missing: run `batchrun db migrate`
     ├── MailError                    a message could not be sent; carries a reason
@@ -80,3 +81,10 @@ class PermanentMailError(MailError):
 
 class QueueError(BatchrunError):
     """The retry queue failed or cannot be reached."""
+
+
+class TemplateError(ConfigError):
+    """An email template is missing, fails to compile, or prints a variable it was not given.
+
+    A ``ConfigError``: the fix is in the templates folder, and every entity would fail alike.
+    """
