@@ -1,0 +1,198 @@
+"""Email templates: Jinja2, looked up in ``--templates``, then the job's folder, then ours.
+
+``Templates(search).render("birthday", variables)`` renders ``birthday/subject.txt``,
+``birthday/body.txt`` and, when there is one, ``birthday/body.html``, each from the first
+folder of ``search`` that has it, so a team overrides one file and keeps the rest. The
+``.html`` parts are autoescaped; the ``.txt`` parts are not. batchrun's own folder
+(``DEFAULTS``) holds ``layout.html``, the document an HTML body may ``{% extends %}``.
+
+Variables: one that was not given is false in ``{% if brand %}`` and takes
+``| default(...)``, so optional variables may simply be left out; printing one raises
+``TemplateError`` naming it, so a typo in a required variable cannot go out as an empty
+string. ``None`` prints as nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import jinja2
+import jinja2.meta
+
+from batchrun.errors import TemplateError
+
+if TYPE_CHECKING:
+    from batchrun.job import Job
+
+DEFAULTS = Path(__file__).resolve().parent / "default_templates"
+PARTS = ("subject.txt", "body.txt", "body.html")
+
+
+@dataclass(frozen=True, slots=True)
+class Rendered:
+    """One rendered email: a one-line subject, the text part and the HTML part if any."""
+
+    subject: str
+    text: str
+    html: str | None
+
+
+class _Undefined(jinja2.StrictUndefined):
+    """Raises when printed, iterated or compared, like StrictUndefined, but is false."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:  # type: ignore[override]  # StrictUndefined's raises
+        return False
+
+
+def _finalize(value: Any) -> Any:
+    return "" if value is None else value
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    subject: jinja2.Template
+    text: jinja2.Template
+    html: jinja2.Template | None
+
+
+class Templates:
+    """A job's email templates, each compiled once and rendered per message.
+
+    Args:
+        search: folders in lookup order (``--templates``, the job's own folder,
+            ``DEFAULTS``); folders that do not exist are skipped. ``for_job`` builds it.
+    """
+
+    def __init__(self, search: Sequence[Path | str]) -> None:
+        self.search = tuple(Path(folder) for folder in search)
+        self._env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(self.search),
+            autoescape=jinja2.select_autoescape(
+                enabled_extensions=("html",), disabled_extensions=(), default=False
+            ),
+            undefined=_Undefined,
+            finalize=_finalize,
+            keep_trailing_newline=True,  # a text body ends with its newline
+            trim_blocks=True,
+            lstrip_blocks=True,
+            # Templates do not change while a run sends: no stat per message (and no
+            # eviction, for the layout an HTML body extends).
+            auto_reload=False,
+            cache_size=-1,
+        )
+        self._compiled: dict[str, _Compiled] = {}
+
+    @classmethod
+    def for_job(cls, job: Job | type[Job], override: Path | str | None = None) -> Templates:
+        """The templates of ``job``: ``override`` (``--templates``), its folder, ``DEFAULTS``."""
+        search = [Path(override)] if override else []
+        return cls([*search, job_folder(job), DEFAULTS])
+
+    def load(self, name: str) -> None:
+        """Compile ``name``'s parts and the templates they extend or include, now.
+
+        So a missing or broken template stops a run before it has done anything.
+        """
+        compiled = self._compiled.get(name) or self._load(name)
+        parts = (compiled.subject, compiled.text, compiled.html)
+        pending = [part.name for part in parts if part is not None and part.name is not None]
+        seen = set(pending)
+        while pending:
+            path = pending.pop()
+            assert self._env.loader is not None
+            try:
+                source = self._env.loader.get_source(self._env, path)[0]
+                references = jinja2.meta.find_referenced_templates(self._env.parse(source, path))
+            except jinja2.TemplateError as exc:
+                self._fail(path, exc)
+            for reference in references:  # None for a name computed at render time
+                if reference is not None and reference not in seen:
+                    seen.add(reference)
+                    self._template(reference, needed_by=path)
+                    pending.append(reference)
+
+    def render(self, name: str, variables: Mapping[str, Any]) -> Rendered:
+        """Render ``name/subject.txt``, ``name/body.txt`` and ``name/body.html`` if present.
+
+        The subject is collapsed to one line; the bodies also see it as ``subject``.
+
+        Raises:
+            TemplateError: a part is missing or does not compile, or prints a variable
+                that ``variables`` lacks.
+        """
+        compiled = self._compiled.get(name) or self._load(name)
+        # One namespace for the three parts, globals merged once: what Template.render
+        # would build per part is most of a part's cost.
+        namespace = {**self._env.globals, **variables}
+        current = PARTS[0]
+        try:
+            subject = " ".join(self._render(compiled.subject, namespace).split())
+            namespace["subject"] = subject
+            current = PARTS[1]
+            text = self._render(compiled.text, namespace)
+            current = PARTS[2]
+            html = None if compiled.html is None else self._render(compiled.html, namespace)
+        except jinja2.TemplateError as exc:
+            self._fail(f"{name}/{current}", exc)
+        return Rendered(subject=subject, text=text, html=html)
+
+    def _render(self, template: jinja2.Template, namespace: dict[str, Any]) -> str:
+        """``template.render(namespace)`` without copying ``namespace`` into a new dict."""
+        context = template.new_context(namespace, shared=True)
+        try:
+            return self._env.concat(template.root_render_func(context))
+        except Exception:
+            self._env.handle_exception()  # re-raises, with the template's lines in the traceback
+
+    def _load(self, name: str) -> _Compiled:
+        subject = self._template(f"{name}/subject.txt")
+        text = self._template(f"{name}/body.txt")
+        html = self._template(f"{name}/body.html", optional=True)
+        assert subject is not None and text is not None
+        compiled = self._compiled[name] = _Compiled(subject, text, html)
+        return compiled
+
+    def _template(
+        self, path: str, *, optional: bool = False, needed_by: str | None = None
+    ) -> jinja2.Template | None:
+        try:
+            return self._env.get_template(path)
+        except jinja2.TemplateNotFound as exc:
+            if optional and exc.name == path:
+                return None
+            self._fail(needed_by or path, exc)
+        except jinja2.TemplateError as exc:
+            self._fail(path, exc)
+
+    def _fail(self, path: str, exc: jinja2.TemplateError) -> NoReturn:
+        """Raise one line naming the template, and for a missing one the folders searched."""
+        if isinstance(exc, jinja2.TemplateNotFound):
+            folders = ", ".join(str(folder) for folder in self.search)
+            missing = exc.name if exc.name == path else f"{exc.name} (needed by {path})"
+            raise TemplateError(f"no email template {missing} in {folders}") from None
+        where = path
+        if isinstance(exc, jinja2.TemplateSyntaxError):
+            where = f"{exc.name or path}:{exc.lineno}"
+        reason = (exc.message or type(exc).__name__).splitlines()[0]
+        raise TemplateError(f"email template {where}: {reason}") from exc
+
+
+def job_folder(job: Job | type[Job]) -> Path:
+    """The folder of ``job``'s templates: ``Job.templates``, relative to its module's folder.
+
+    By default that is ``templates/`` beside the module that defines the job.
+    """
+    cls = job if isinstance(job, type) else type(job)
+    module_file = getattr(sys.modules.get(cls.__module__), "__file__", None)
+    base = Path(module_file).resolve().parent if module_file else Path.cwd()
+    folder = Path(cls.templates) if cls.templates is not None else Path("templates")
+    return folder if folder.is_absolute() else base / folder
+
+
+__all__ = ["DEFAULTS", "Rendered", "TemplateError", "Templates", "job_folder"]
