@@ -1,10 +1,14 @@
 """The AWS Lambda entry point: a thin adapter over the same jobs the CLI runs.
 
 Events:
-- EventBridge scheduled event: run `birthday` for the month of the event's ``time``.
-- ``{"job": "birthday", "month": "2025-06", "dry_run": true}``: run it on demand.
-- SQS event: process the records (retries, continuations) and report the ones that failed
-  in ``{"batchItemFailures": [{"itemIdentifier": messageId}, ...]}``.
+- EventBridge scheduled event: run the jobs in ``BATCHRUN_SCHEDULED_JOBS`` (default
+  ``birthday``) for the period containing the event's ``time``.
+- ``{"job": "renewal", "period": "2025-06-01", "dry_run": true}``: run one on demand
+  (``"month"`` is read as the period too, as batchrun 0.1 wrote it).
+- SQS event: process the records (retries, submitted tasks, continuations, shards) and
+  report the ones that failed in ``{"batchItemFailures": [{"itemIdentifier": id}, ...]}``.
+
+Jobs come from ``BATCHRUN_JOBS`` (modules or .py files bundled in the zip), as for the CLI.
 
 Before the deadline (``BATCHRUN_DEADLINE_MARGIN_MS``, default 10% of the time left at the
 start, at least 500 ms) a run stops taking users, finishes those in flight and hands the
@@ -32,9 +36,11 @@ from typing import Any, Protocol
 from batchrun.backends import open_backends
 from batchrun.engine import Deadline, StopToken
 from batchrun.errors import BatchrunError, UsageError
-from batchrun.jobs.birthday import BirthdayJob, Options, Summary, Verdict
-from batchrun.jobs.month import Month, parse_month
+from batchrun.period import Period, current
+from batchrun.period import parse as parse_period
 from batchrun.queue.base import Received
+from batchrun.registry import Registry, discover, parse_specs
+from batchrun.runtime import Options, Runtime, Summary, Verdict
 from batchrun.secrets import database_url, forget
 from batchrun.settings import Settings
 from batchrun.urls import mask_text
@@ -116,43 +122,79 @@ async def _handle(
         grace_s=max(0.1, margin * 0.7 / 1000),
     )
     try:
+        registry = discover(parse_specs(settings.jobs))
         if kind == "sqs":
-            return await _sqs(event, settings, stop, options)
-        month, dry_run = _month_of(event, kind)
+            return await _sqs(event, settings, registry, stop, options)
+        runs, dry_run = _runs_of(event, kind, registry, settings)
         async with open_backends(
-            settings, mail=not dry_run, queue=not dry_run, concurrency=options.concurrency
+            settings,
+            mail=not dry_run,
+            queue=not dry_run,
+            concurrency=options.concurrency,
+            jobs=[registry.get_job(name) for name, _ in runs],
         ) as backends:
-            job = BirthdayJob(backends.store, backends.mailer, backends.queue, settings, stop=stop)
-            summary = await job.run(month, options, dry_run=dry_run)
-        return summary.to_json(), _summary_metrics(summary)
+            runtime = _runtime(registry, backends, settings, stop)
+            summaries = [
+                await runtime.run(period, options, job=name, dry_run=dry_run)
+                for name, period in runs
+            ]
+        metrics: dict[str, float] = {}
+        for summary in summaries:
+            for key, value in _summary_metrics(summary).items():
+                metrics[key] = metrics.get(key, 0) + value
+        if len(summaries) == 1:
+            return summaries[0].to_json(), metrics
+        return {"runs": [summary.to_json() for summary in summaries]}, metrics
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
 
 
-def _month_of(event: Mapping[str, Any], kind: str) -> tuple[Month, bool]:
+def _runtime(registry: Registry, backends: Any, settings: Settings, stop: StopToken) -> Runtime:
+    return Runtime(
+        {name: entry.job for name, entry in registry.items()},
+        backends.store,
+        backends.mailer,
+        backends.queue,
+        settings,
+        stop=stop,
+        templates_dirs={name: entry.templates_dir for name, entry in registry.items()},
+    )
+
+
+def _runs_of(
+    event: Mapping[str, Any], kind: str, registry: Registry, settings: Settings
+) -> tuple[list[tuple[str, Period]], bool]:
+    """(job, period) pairs the event asks for, and whether it is a dry run."""
     if kind == "schedule":
         when = str(event.get("time", ""))
         try:
             moment = datetime.fromisoformat(when.replace("Z", "+00:00"))
         except ValueError:
             raise UsageError(f"scheduled event has no usable time: {when!r}") from None
-        return Month.current(moment), False
-    if event.get("job") != "birthday":
-        raise UsageError(f"unknown job {event.get('job')!r}: expected 'birthday'")
-    month = event.get("month")
+        names = parse_specs(settings.scheduled_jobs) or ["birthday"]
+        return [(n, current(registry.get_job(n).period, moment)) for n in names], False
+    name = event.get("job")
+    if not isinstance(name, str):
+        raise UsageError(f"unknown job {name!r}: known jobs are {', '.join(registry)}")
+    job = registry.get_job(name)
+    text = event.get("period", event.get("month"))
     try:
-        which = Month.current() if month is None else parse_month(str(month))
+        period = current(job.period) if text is None else parse_period(job.period, str(text))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     dry_run = event.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise UsageError(f"dry_run must be true or false, got {dry_run!r}")
-    return which, dry_run
+    return [(name, period)], dry_run
 
 
 async def _sqs(
-    event: Mapping[str, Any], settings: Settings, stop: StopToken, options: Options
+    event: Mapping[str, Any],
+    settings: Settings,
+    registry: Registry,
+    stop: StopToken,
+    options: Options,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     records = [r for r in event["Records"] if isinstance(r, Mapping)]
     items = [
@@ -167,11 +209,16 @@ async def _sqs(
     failures: list[dict[str, str]] = []
     metrics: dict[str, float] = {"Messages": len(items)}
     async with open_backends(
-        settings, mail=True, queue=True, concurrency=options.concurrency
+        settings,
+        mail=True,
+        queue=True,
+        concurrency=options.concurrency,
+        jobs=[entry.job for entry in registry.values()],
     ) as backends:
         assert backends.queue is not None
-        job = BirthdayJob(backends.store, backends.mailer, backends.queue, settings, stop=stop)
-        verdicts = await job.process(items, options)
+        runtime = _runtime(registry, backends, settings, stop)
+        await runtime.requeue_unqueued()
+        verdicts = await runtime.process(items, options)
         for item in items:
             verdict = verdicts.get(item.message_id, Verdict("later"))
             _add(metrics, verdict)
@@ -213,7 +260,7 @@ def _add(metrics: dict[str, float], verdict: Verdict) -> None:
 def _summary_metrics(summary: Summary) -> dict[str, float]:
     return {
         "UsersProcessed": summary.eligible,
-        "CardsCreated": summary.cards_created,
+        "CardsCreated": summary.counters.get("cards_created", 0),
         "EmailsSent": summary.emails_sent,
         "Failures": summary.failed,
         "Throttles": float(getattr(summary, "throttles", 0)),

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from email.utils import parseaddr
 
 from batchrun.db import Store, connect
 from batchrun.errors import UsageError
+from batchrun.job import Job
 from batchrun.mail.base import Mailer, valid_address
 from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.queue.base import RetryQueue
@@ -76,8 +77,12 @@ async def open_backends(
     concurrency: int = 4,
     create: bool = False,
     migrated: bool = True,
+    jobs: Sequence[Job] = (),
 ) -> AsyncIterator[Backends]:
-    """Open what a command needs; everything opened is closed on the way out."""
+    """Open what a command needs; everything opened is closed on the way out.
+
+    ``migrated``: check that batchrun's schema and the steps of ``jobs`` are all there.
+    """
     check_urls(settings, mail=mail)
     # The page reader, the group commit, the heartbeat and a spare: the workers send mail,
     # they do not hold database connections.
@@ -87,7 +92,7 @@ async def open_backends(
     try:
         store = Store(database)
         if migrated:
-            await store.check_migrated()
+            await store.check_migrated(jobs)
         if queue:
             retry_queue = await open_queue(
                 settings, settings.retry_queue_url, store, concurrency=concurrency

@@ -12,6 +12,7 @@ either finish or come back as ``cancelled``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import math
@@ -54,6 +55,8 @@ class StopToken:
     _aborting: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
     # called synchronously by the first request, so runners halt before any task runs again
     _on_stop: list[Callable[[], None]] = field(default_factory=list, init=False, repr=False)
+    _on_abort: list[Callable[[], None]] = field(default_factory=list, init=False, repr=False)
+    _detach: Callable[[], None] | None = field(default=None, init=False, repr=False)
 
     @property
     def stopping(self) -> bool:
@@ -91,12 +94,46 @@ class StopToken:
         logger.warning("abort requested: %s", reason)
         self._set_stopping()
         self._aborting.set()
+        for callback in list(self._on_abort):
+            callback()
+
+    def child(self) -> StopToken:
+        """A token that stops and aborts with this one, and can also be stopped alone
+        (one run inside a long-lived worker); ``detach`` it when done."""
+        child = StopToken()
+
+        def stop() -> None:
+            child.request(self.reason or "stopped")
+
+        def abort() -> None:
+            child.request_abort(self.reason or "aborted")
+
+        self._on_stop.append(stop)
+        self._on_abort.append(abort)
+
+        def detach() -> None:
+            for hooks, hook in ((self._on_stop, stop), (self._on_abort, abort)):
+                with contextlib.suppress(ValueError):
+                    hooks.remove(hook)
+
+        child._detach = detach
+        if self.aborting:
+            abort()
+        elif self.stopping:
+            stop()
+        return child
+
+    def detach(self) -> None:
+        """Stop following the parent token (see ``child``)."""
+        if self._detach is not None:
+            self._detach()
+            self._detach = None
 
     def _set_stopping(self) -> None:
         """Set the stopping flag once and tell the runners at once."""
         if not self._stopping.is_set():
             self._stopping.set()
-            for callback in self._on_stop:
+            for callback in list(self._on_stop):
                 callback()
 
     async def wait_stopping(self) -> None:

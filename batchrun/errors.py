@@ -11,7 +11,8 @@
     │   │   ├── MailConnectionError  the backend itself is unreachable (feeds the breaker)
     │   │   └── ThrottledError       the provider said slow down: resend, not a failure
     │   └── PermanentMailError       never worth retrying (5xx for the recipient, rejected)
-    └── QueueError                   the retry queue failed or cannot be reached
+    ├── QueueError                   the retry queue failed or cannot be reached
+    └── JobError                     a job broke its contract (a page out of order ...)
 
 Driver and protocol errors are converted at the boundary with ``raise X(...) from exc``.
 Messages never contain a password: URLs are masked with ``batchrun.urls.mask_url``.
@@ -88,3 +89,7 @@ class TemplateError(ConfigError):
 
     A ``ConfigError``: the fix is in the templates folder, and every entity would fail alike.
     """
+
+
+class JobError(BatchrunError):
+    """A job broke its contract at run time (a page out of order, a row without an id)."""

@@ -78,12 +78,13 @@ class Effects(Protocol):
 class Context:
     """What a job's methods are given: the period, the database and the ways to act.
 
-    In ``process``, ``key`` is the entity's stable idempotency key
+    ``env`` is the environment batchrun was configured from (a job's own settings live
+    there too). In ``process``, ``key`` is the entity's stable idempotency key
     ``"{job}:{once_per period}:{id}"``: for a UNIQUE column, an HTTP ``Idempotency-Key``
     or a Message-ID. Outside ``process`` it is empty.
     """
 
-    __slots__ = ("_effects", "db", "dry_run", "id", "job", "key", "once", "period")
+    __slots__ = ("_effects", "db", "dry_run", "env", "id", "job", "key", "once", "period")
 
     def __init__(
         self,
@@ -93,12 +94,14 @@ class Context:
         effects: Effects,
         *,
         dry_run: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.job = job
         self.period = period
         self.once = period.within(job.once_unit())  # the period "exactly once" counts in
         self.db = db
         self.dry_run = dry_run
+        self.env: Mapping[str, str] = env or {}  # the environment batchrun was configured from
         self.key = ""
         self.id: int | None = None
         self._effects = effects
@@ -108,6 +111,7 @@ class Context:
         child = Context.__new__(Context)
         child.job, child.period, child.once = self.job, self.period, self.once
         child.db, child.dry_run, child._effects = self.db, self.dry_run, self._effects
+        child.env = self.env
         child.id = entity_id
         child.key = f"{self.job.name}:{self.once}:{entity_id}"
         return child
@@ -166,6 +170,7 @@ class Job:
             beside the job's module).
         requires: table -> columns the job needs; ``run`` stops before claiming
             anything when one is missing.
+        counters: the ``ctx.count`` names, reported (0 when unused) in every summary.
     """
 
     name: ClassVar[str] = ""
@@ -175,6 +180,7 @@ class Job:
     sql: ClassVar[SqlFolder | None] = None
     templates: ClassVar[Path | str | None] = None
     requires: ClassVar[Mapping[str, Sequence[str]]] = {}
+    counters: ClassVar[Sequence[str]] = ()
 
     @classmethod
     def once_unit(cls) -> Unit:
@@ -193,6 +199,10 @@ class Job:
     async def process(self, ctx: Context, row: dict[str, Any]) -> None:
         """Do one entity. Returning is success; raise ``Skip``, ``Retry`` or ``Fail``."""
         raise NotImplementedError
+
+    async def status(self, ctx: Context) -> dict[str, int]:
+        """Extra counts for ``batchrun status`` (optional), e.g. the birthday job's cards."""
+        return {}
 
 
 __all__ = ["NAME", "Context", "Database", "Effects", "Fail", "Job", "Retry", "Skip", "Verdict"]

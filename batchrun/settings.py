@@ -67,6 +67,10 @@ class Settings:
     concurrency: int = 20  # the Lambda's; the CLI takes --concurrency
     rate: float | Literal["auto"] | None = None  # the Lambda's; the CLI takes --rate
     extra: Mapping[str, str] = field(default_factory=dict)
+    scheduled_jobs: str | None = None  # the Lambda's: the jobs a scheduled event runs
+    jobs: str | None = None  # --jobs: modules or .py files defining jobs, comma-separated
+    templates_dir: str | None = None  # --templates: email templates overriding the jobs' own
+    environ: Mapping[str, str] = field(default_factory=dict, repr=False)  # jobs read it: ctx.env
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -91,6 +95,10 @@ class Settings:
             concurrency=_int(env, "BATCHRUN_CONCURRENCY", 20, minimum=1),
             rate=parse_rate(rate, "BATCHRUN_RATE") if rate else None,
             extra={k: v for k, v in env.items() if k.startswith("AWS_")},
+            jobs=env.get("BATCHRUN_JOBS") or None,
+            scheduled_jobs=env.get("BATCHRUN_SCHEDULED_JOBS") or None,
+            templates_dir=env.get("BATCHRUN_TEMPLATES") or None,
+            environ=dict(env),
         )
 
     def with_overrides(self, **changes: Any) -> Settings:

@@ -186,13 +186,26 @@ class Templates:
 def job_folder(job: Job | type[Job]) -> Path:
     """The folder of ``job``'s templates: ``Job.templates``, relative to its module's folder.
 
-    By default that is ``templates/`` beside the module that defines the job.
+    By default that is ``templates/`` beside the module that defines the job; a subclass
+    defined elsewhere (a test's slower birthday, a team's variant) without a folder of its
+    own uses its parent's.
     """
     cls = job if isinstance(job, type) else type(job)
-    module_file = getattr(sys.modules.get(cls.__module__), "__file__", None)
-    base = Path(module_file).resolve().parent if module_file else Path.cwd()
-    folder = Path(cls.templates) if cls.templates is not None else Path("templates")
-    return folder if folder.is_absolute() else base / folder
+    first: Path | None = None
+    for klass in cls.__mro__:
+        if klass.__module__ == "batchrun.job" or not hasattr(klass, "templates"):
+            continue
+        module_file = getattr(sys.modules.get(klass.__module__), "__file__", None)
+        base = Path(module_file).resolve().parent if module_file else Path.cwd()
+        own = klass.__dict__.get("templates")
+        if own is not None:
+            folder = Path(own)
+            return folder if folder.is_absolute() else base / folder
+        candidate = base / "templates"
+        first = first or candidate
+        if candidate.is_dir():
+            return candidate
+    return first or Path.cwd() / "templates"
 
 
 __all__ = ["DEFAULTS", "Rendered", "TemplateError", "Templates", "job_folder"]

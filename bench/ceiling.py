@@ -17,25 +17,49 @@ from typing import Any, cast
 import aiosmtplib
 
 from batchrun import codes
-from batchrun.jobs.birthday import BirthdayJob, Task
+from batchrun.engine import StopToken
+from batchrun.job import Context
+from batchrun.jobs.birthday import Birthday
+from batchrun.period import parse
+from batchrun.runtime.sending import Sender
 from batchrun.settings import Settings
+from batchrun.templates import DEFAULTS, Templates, job_folder
 
 SENDER = "birthday@localhost"
 
 
 def sample_messages(count: int) -> list[tuple[str, bytes]]:
-    """``count`` (recipient, raw bytes) pairs built by batchrun's own message code."""
-    job = BirthdayJob(cast(Any, None), None, None, Settings(sender=SENDER))
+    """``count`` (recipient, raw bytes) pairs built by batchrun's own message code: the
+    birthday job's template, rendered and encoded as a run would."""
+    job = Birthday()
+    sender = Sender(
+        None,
+        Settings(sender=SENDER),
+        summary=None,
+        lease=None,
+        stop=StopToken(),
+        limiter=None,
+        templates=Templates([job_folder(job), DEFAULTS]),
+    )
+    ctx = Context(job, parse("month", "2025-06"), cast(Any, None), sender)
     out = []
     for i in range(count):
-        task = Task(
-            i + 1, 2025, "Grace", "Hopper", f"user{i + 1}.123456@example.com", codes.new_code()
+        message = sender.message(
+            ctx.entity(i + 1),
+            to=f"user{i + 1}.123456@example.com",
+            subject=None,
+            text=None,
+            html=None,
+            to_name="Grace Hopper",
+            template="birthday",
+            variables={
+                "first_name": "Grace",
+                "last_name": "Hopper",
+                "code": codes.display(codes.new_code()),
+                "year": 2025,
+            },
         )
-        message = job.message(task)
-        # The bytes batchrun puts on the wire: to_bytes() where it exists (since ab5c107).
-        to_bytes = getattr(message, "to_bytes", None)
-        raw = to_bytes() if to_bytes is not None else message.to_email().as_bytes()
-        out.append((message.to_addr, raw))
+        out.append((message.to_addr, message.to_bytes()))
     return out
 
 

@@ -19,9 +19,10 @@ from typing import Any
 
 from batchrun.db import Store, connect
 from batchrun.db.base import Database
-from batchrun.jobs.birthday import BirthdayJob, Options
+from batchrun.jobs.birthday import Birthday
 from batchrun.jobs.month import parse_month
 from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.runtime import Options, Runtime
 from batchrun.settings import Settings
 from bench.mysqlstat import HANDLER_READS
 
@@ -48,16 +49,18 @@ class Meter:
         a = await self.snapshot()
         b = await self.snapshot()
         self.noise = {k: b[k] - a[k] for k in a}
-        for method in ("execute", "fetchall"):
+        for method in ("execute", "fetchall", "execute_sql", "fetch_columns"):
             setattr(self.db, method, self._wrap(method, getattr(self.db, method)))
 
     def _wrap(self, method: str, call: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
-        async def metered(name: str, **params: Any) -> Any:
+        async def metered(name: str, *args: Any, **params: Any) -> Any:
             # One connection: the lock keeps snapshot, statement, snapshot together.
             async with self._lock:
                 before = await self.snapshot()
-                result = await call(name, **params)
+                result = await call(name, *args, **params)
                 after = await self.snapshot()
+            if args:  # a job's statement (ctx.db): named by its first words
+                name = " ".join(name.split()[:4])
             self.calls[name] += 1
             for key, value in after.items():
                 self.rows[name][key] += value - before[key] - self.noise.get(key, 0)
@@ -71,7 +74,7 @@ async def measure(db_url: str, month: str, concurrency: int, reset: bool) -> dic
     db = await connect(db_url, pool_size=1)
     try:
         if reset:
-            for table in ("gift_card", "batchrun_task", "batchrun_queue"):
+            for table in ("gift_card", "batchrun_ledger", "batchrun_queue"):
                 await db.fetch_sql(f"TRUNCATE TABLE `{table}`", ())
         store = Store(db)
         settings = Settings(db_url=db_url, mail_url="discard://")
@@ -79,7 +82,7 @@ async def measure(db_url: str, month: str, concurrency: int, reset: bool) -> dic
         queue = await _local_queue(settings, store, concurrency)
         meter = Meter(db)
         await meter.install()
-        job = BirthdayJob(store, mailer, queue, settings)
+        job = Runtime(Birthday(), store, mailer, queue, settings)
         started = time.monotonic()
         summary = await job.run(parse_month(month), Options(concurrency=concurrency))
         elapsed = time.monotonic() - started

@@ -9,7 +9,7 @@ process, a set latency per message) and measures, each as a real subprocess:
 - ``ceiling``: ``bench/ceiling.py``, C persistent SMTP connections, no database;
 - ``naive``: ``bench/naive.py``, the seed's algorithm (only at ``--naive-sizes``).
 
-Before each contender the job's tables are emptied (gift_card, batchrun_task,
+Before each contender the job's tables are emptied (gift_card, batchrun_ledger,
 batchrun_queue), so every contender starts from the same state. Rows examined and round
 trips come from MariaDB's GLOBAL status counters, read just before and after each
 contender: they include any other session's work on the server at the same time.
@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MONTH = "2025-06"
 BIN = Path(sys.executable).parent
 BATCHRUN = str(BIN / "batchrun") if (BIN / "batchrun").exists() else "batchrun"
-JOB_TABLES = ("gift_card", "batchrun_task", "batchrun_queue")
+JOB_TABLES = ("gift_card", "batchrun_ledger", "batchrun_queue")
 NAIVE_INDEX = "bench_naive_scheduled_email"
 # Why 200: at 20 ms per message a connection carries at most ~50 msg/s, less the SMTP
 # round trips (MAIL, RCPT, DATA, body) that queue behind a busy event loop; the ceiling

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -25,9 +27,12 @@ from smtp_server import SmtpTestServer
 
 from batchrun.db import Store, connect
 from batchrun.db.sqlite import sqlite_path
-from batchrun.jobs.birthday import BirthdayJob
+from batchrun.db.store import Scope
+from batchrun.jobs.birthday import Birthday, demo
 from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.period import Period
 from batchrun.queue.base import from_url as queue_from_url
+from batchrun.runtime import Runtime
 from batchrun.settings import Settings
 
 MYSQL_URL = os.environ.get("BATCHRUN_TEST_MYSQL_URL", "mysql://root:@127.0.0.1:3306/")
@@ -101,7 +106,7 @@ async def store(db_url: str) -> AsyncIterator[Store]:
     """A migrated, empty store."""
     database = await connect(db_url, create=True)
     s = Store(database)
-    await s.migrate()
+    await s.migrate([Birthday()])
     try:
         yield s
     finally:
@@ -142,10 +147,10 @@ def make_settings(tmp_path: Path) -> Callable[..., Settings]:
 async def make_job(
     make_settings: Callable[..., Settings],
 ) -> AsyncIterator[Callable[..., Any]]:
-    """Factory: ``await make_job(db_url, mail_url=...)`` -> a BirthdayJob on its own pool."""
+    """Factory: ``await make_job(db_url, mail_url=...)`` -> a Runtime on its own pool."""
     opened: list[Any] = []
 
-    async def make(db_url: str, **overrides: Any) -> BirthdayJob:
+    async def make(db_url: str, **overrides: Any) -> Runtime:
         settings = make_settings(db_url, **overrides)
         database = await connect(settings.db_url, pool_size=4)
         mailer = mailer_from_url(settings.mail_url, timeout=settings.mail_timeout_s, pool_size=8)
@@ -153,7 +158,7 @@ async def make_job(
             settings.retry_queue_url, db=database, max_receives=settings.max_receives
         )
         opened.append((database, mailer))
-        return BirthdayJob(Store(database), mailer, queue, settings)
+        return Runtime(Birthday(), Store(database), mailer, queue, settings)
 
     yield make
     for database, mailer in opened:
@@ -212,8 +217,24 @@ def query(db_url: str, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         conn.close()
 
 
+async def seed_users(store: Store, count: int, *, seed: int = 1, force: bool = False) -> int:
+    """The birthday job's demo users (``batchrun db seed``)."""
+    return await demo.seed_users(store.jobdb, count, seed=seed, force=force)
+
+
+async def status_of(runtime: Runtime, period: Period, problems: int = 50) -> SimpleNamespace:
+    """What `batchrun status` reports for the birthday job: cards, emails_sent, pending ..."""
+    counts = await runtime.status("birthday", period, problems=problems)
+    return SimpleNamespace(emails_sent=counts["succeeded"], **counts)
+
+
+def birthday_scope(year: int = 2025, month: int = 6) -> Scope:
+    """The ledger scope of the birthday job's month."""
+    return Scope("birthday", f"{year:04d}", f"{year:04d}-{month:02d}")
+
+
 async def seed(store: Store, count: int, *, seed: int = 7) -> None:
-    await store.seed_users(count, seed=seed)
+    await seed_users(store, count, seed=seed)
 
 
 def eligible_ids(db_url: str, month: int) -> set[int]:
@@ -241,11 +262,33 @@ def card_counts(db_url: str, year: int) -> dict[int, int]:
 
 
 def run_cli(
-    *args: str, env: dict[str, str], timeout: float = 60, check: bool = False
+    *args: str,
+    env: dict[str, str],
+    timeout: float = 60,
+    check: bool = False,
+    sigterm_after: float | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m batchrun`` in a subprocess with ``env`` added to a clean environment."""
+    """Run ``python -m batchrun`` in a subprocess with ``env`` added to a clean environment.
+
+    ``sigterm_after``: send SIGTERM after that many seconds (a worker runs until then).
+    """
     full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")}
     full.update(env)
+    if sigterm_after is not None:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "batchrun", *args],
+            env=full,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        try:
+            out, err = process.communicate(timeout=sigterm_after)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGTERM)
+            out, err = process.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(process.args, process.returncode, out, err)
     return subprocess.run(
         [sys.executable, "-m", "batchrun", *args],
         env=full,

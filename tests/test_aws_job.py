@@ -14,17 +14,21 @@ from typing import Any
 import aioboto3
 import pytest
 from aws_server import REGION, MotoServer, answer_with, moto_raw_messages
-from conftest import card_counts, eligible_ids, query
+from conftest import card_counts, eligible_ids, query, seed_users, status_of
 from smtp_server import SmtpTestServer
 
 from batchrun.db import Store, connect
-from batchrun.jobs.birthday import BirthdayJob, Options
+from batchrun.jobs.birthday import Birthday
 from batchrun.jobs.month import Month
 from batchrun.mail.base import Mailer, Message, valid_address
 from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.period import Unit
 from batchrun.queue.base import QueueMessage
 from batchrun.queue.base import from_url as queue_from_url
+from batchrun.runtime import Options, Runtime
 from batchrun.settings import Settings
+
+UNITS: dict[str, Unit] = {"birthday": "month"}  # jobs a consumer parses bodies for
 
 JUNE = Month(2025, 6)
 SENDER = "birthday@example.com"
@@ -78,12 +82,12 @@ async def aws(moto_server: MotoServer) -> dict[str, str]:
 
 @pytest.fixture
 async def make_aws_job(mysql_url: str) -> AsyncIterator[Callable[..., Any]]:
-    """Factory: a BirthdayJob on its own pool, with the given mail and queue URLs."""
+    """Factory: a Runtime on its own pool, with the given mail and queue URLs."""
     opened: list[Any] = []
 
     async def make(
         env: dict[str, str], *, mail_url: str, queue_url: str, **overrides: Any
-    ) -> BirthdayJob:
+    ) -> Runtime:
         settings = Settings(
             db_url=mysql_url,
             mail_url=mail_url,
@@ -101,7 +105,7 @@ async def make_aws_job(mysql_url: str) -> AsyncIterator[Callable[..., Any]]:
         )
         await queue.open()
         opened.append((database, mailer, queue))
-        return BirthdayJob(Store(database), mailer, queue, settings)
+        return Runtime(Birthday(), Store(database), mailer, queue, settings)
 
     yield make
     for database, mailer, queue in opened:
@@ -114,8 +118,8 @@ async def seeded(db_url: str, users: int, seed: int) -> set[int]:
     database = await connect(db_url, create=True)
     try:
         store = Store(database)
-        await store.migrate()
-        await store.seed_users(users, seed=seed)
+        await store.migrate([Birthday()])
+        await seed_users(store, users, seed=seed)
     finally:
         await database.close()
     emails = dict(query(db_url, "SELECT id, email FROM user WHERE birth_month = 6"))
@@ -141,7 +145,7 @@ async def test_throttled_and_failing_ses_ends_with_one_card_and_one_message_each
 ) -> None:
     want = await seeded(mysql_url, 1500, seed=41)
     queue_url = await make_queues(aws)
-    job: BirthdayJob = await make_aws_job(aws, mail_url="ses://us-east-1", queue_url=queue_url)
+    job: Runtime = await make_aws_job(aws, mail_url="ses://us-east-1", queue_url=queue_url)
     await job.mailer.open()  # type: ignore[union-attr]
     rng = random.Random(41)
     throttle = answer_with(
@@ -166,14 +170,14 @@ async def test_throttled_and_failing_ses_ends_with_one_card_and_one_message_each
     assert summary.throttles == fates["throttled"]
     assert summary.failed == summary.queued_for_retry > 0
     assert summary.exit_code == 3
-    status = await job.store.status(year=2025, month=6)
+    status = await status_of(job, Month(2025, 6))
     assert all("throttl" not in str(p[3]).lower() for p in status.problems), (
         "throttling must never count as the user failing"
     )
 
     result = await job.retry(Options(concurrency=10))
     assert result.remaining == 0 and result.succeeded >= summary.queued_for_retry
-    status = await job.store.status(year=2025, month=6)
+    status = await status_of(job, Month(2025, 6))
     assert status.pending == 0 and status.emails_sent == len(want)
     assert card_counts(mysql_url, 2025) == dict.fromkeys(want, 1)
     assert ses_per_user(moto_server, mysql_url) == Counter(dict.fromkeys(want, 1))
@@ -188,7 +192,7 @@ async def test_a_user_always_failing_reaches_the_dead_letter_queue(
     victim = min(want)
     (email,) = query(mysql_url, "SELECT email FROM user WHERE id = %s", victim)[0]
     queue_url = await make_queues(aws, max_receives=3)
-    job: BirthdayJob = await make_aws_job(aws, mail_url="ses://us-east-1", queue_url=queue_url)
+    job: Runtime = await make_aws_job(aws, mail_url="ses://us-east-1", queue_url=queue_url)
     await job.mailer.open()  # type: ignore[union-attr]
     failing = answer_with(400, "InternalFailureTemporary", {"message": "try again later"})
 
@@ -201,7 +205,7 @@ async def test_a_user_always_failing_reaches_the_dead_letter_queue(
     assert job.queue.max_receives == 3  # type: ignore[union-attr]  # from the redrive policy
     result = await job.retry()
     assert (result.processed, result.dead_lettered, result.remaining) == (3, 1, 0)
-    status = await job.store.status(year=2025, month=6)
+    status = await status_of(job, Month(2025, 6))
     assert status.failed_permanent == 1 and status.pending == 0
     (problem,) = [p for p in status.problems if p[0] == victim]
     assert "gave up after 3 attempts" in str(problem[3])
@@ -243,13 +247,13 @@ async def test_fifo_never_processes_two_failures_of_one_user_at_once(
     user = min(want)
     (email,) = query(mysql_url, "SELECT email FROM user WHERE id = %s", user)[0]
     queue_url = await make_queues(aws, fifo=True)
-    first: BirthdayJob = await make_aws_job(aws, mail_url=smtp_server.url, queue_url=queue_url)
-    second: BirthdayJob = await make_aws_job(aws, mail_url=smtp_server.url, queue_url=queue_url)
+    first: Runtime = await make_aws_job(aws, mail_url=smtp_server.url, queue_url=queue_url)
+    second: Runtime = await make_aws_job(aws, mail_url=smtp_server.url, queue_url=queue_url)
     watch = Watching(first.mailer)  # type: ignore[arg-type]
     first.mailer = second.mailer = watch
     bodies = [
         QueueMessage(
-            "retry", "birthday", "2025-06", user_id=user, attempt=n, reason="451"
+            "retry", "birthday", "2025-06", entity_id=user, attempt=n, reason="451"
         ).to_json()
         for n in (1, 2)
     ]
@@ -259,7 +263,8 @@ async def test_fifo_never_processes_two_failures_of_one_user_at_once(
     results = await asyncio.gather(first.retry(), second.retry())
     assert watch.most[email] == 1, "two failures of one user overlapped"
     assert watch.sent[email] == 1
-    assert sum(r.processed for r in results) == 2
+    # Counted in entities: the second message named a user already done, deleted unworked.
+    assert sum(r.processed for r in results) == 1
     assert (await first.queue.depths())[0] == 0  # type: ignore[union-attr]
     assert card_counts(mysql_url, 2025) == {user: 1}
 
@@ -277,12 +282,12 @@ async def test_sqs_down_mid_run_loses_no_failure(
         failing = {e for e, uid in emails.items() if uid in want and uid % 7 == 0}
         smtp_server.set_policy(lambda rcpt, _n: "451 4.3.0 later" if rcpt in failing else None)
         queue_url = await make_queues(env)
-        job: BirthdayJob = await make_aws_job(env, mail_url=smtp_server.url, queue_url=queue_url)
+        job: Runtime = await make_aws_job(env, mail_url=smtp_server.url, queue_url=queue_url)
         await asyncio.to_thread(server.stop)  # the queue is gone after the run started
         summary = await job.run(JUNE, Options(concurrency=10))
         assert summary.not_queued == len(failing) and summary.queued_for_retry == 0
         assert summary.exit_code == 3
-        status = await job.store.status(year=2025, month=6)
+        status = await status_of(job, Month(2025, 6))
         assert status.retrying == len(failing), "the failures stay in the ledger"
 
         server.start()  # the queue is back (moto keeps its state in this process)
@@ -290,7 +295,7 @@ async def test_sqs_down_mid_run_loses_no_failure(
         result = await job.retry(Options(concurrency=10))
         assert result.requeued == len(failing)
         assert result.succeeded == len(failing) and result.remaining == 0
-        status = await job.store.status(year=2025, month=6)
+        status = await status_of(job, Month(2025, 6))
         assert status.pending == 0 and status.emails_sent == len(want)
         assert card_counts(mysql_url, 2025) == dict.fromkeys(want, 1)
     finally:
@@ -304,7 +309,7 @@ async def test_adaptive_rate_settles_under_the_provider_limit_with_no_user_faile
 ) -> None:
     want = await seeded(mysql_url, 1500, seed=45)
     queue_url = await make_queues(aws)
-    job: BirthdayJob = await make_aws_job(aws, mail_url="ses://us-east-1", queue_url=queue_url)
+    job: Runtime = await make_aws_job(aws, mail_url="ses://us-east-1", queue_url=queue_url)
     await job.mailer.open()  # type: ignore[union-attr]
     limit = 25.0  # the provider's real limit, unknown to batchrun
     recent: deque[float] = deque()

@@ -137,7 +137,7 @@ def invalid_ids(db_url: str, month: int) -> set[int]:
 # -- usage errors: exit 2, one line, nothing written -----------------------------------------
 
 
-@pytest.mark.parametrize("month", ["2025-13", "25-06", "", "2025-6", "2025-00", "June"])
+@pytest.mark.parametrize("month", ["2025-13", "25-06", "", "2025-00", "June"])
 def test_bad_month_is_usage_error(
     month: str, env: dict[str, str], db_file: Path, outbox: Path
 ) -> None:
@@ -297,9 +297,9 @@ def _drop(db_url: str, table: str) -> None:
 @pytest.mark.parametrize(
     ("table", "command"),
     [
-        ("batchrun_task", ["birthday", "--month", "2025-03", "--json"]),
+        ("batchrun_ledger", ["birthday", "--month", "2025-03", "--json"]),
         ("batchrun_schema", ["birthday", "--month", "2025-03", "--json"]),
-        ("batchrun_task", ["status", "--month", "2025-03"]),
+        ("batchrun_ledger", ["status", "--month", "2025-03"]),
         ("batchrun_queue", ["status", "--month", "2025-03"]),
         ("batchrun_schema", ["status", "--month", "2025-03"]),
         ("batchrun_queue", ["retry"]),
@@ -318,7 +318,7 @@ def test_dropped_batchrun_table(
     assert outbox_files(outbox) == []
 
 
-@pytest.mark.parametrize("table", ["batchrun_task", "batchrun_queue"])
+@pytest.mark.parametrize("table", ["batchrun_ledger", "batchrun_queue"])
 def test_migrate_repairs_a_dropped_batchrun_table(
     table: str, db_url: str, env: dict[str, str]
 ) -> None:

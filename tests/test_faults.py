@@ -22,7 +22,7 @@ import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,19 +31,34 @@ from urllib.parse import urlsplit
 import pymysql
 import pytest
 from aws_server import MotoServer, aws_client, make_queue_with_dlq
-from conftest import ROOT, card_counts, eligible_ids, mysql_connect, query, run_cli
+from conftest import (
+    ROOT,
+    birthday_scope,
+    card_counts,
+    eligible_ids,
+    mysql_connect,
+    query,
+    run_cli,
+    seed_users,
+)
+from conftest import status_of as status_of_rt
 from smtp_server import SmtpTestServer
 
 from batchrun import aws_lambda
 from batchrun.db import Store
-from batchrun.db.store import Candidate, State
-from batchrun.jobs.birthday import BirthdayJob, Options
+from batchrun.db.store import State
+from batchrun.job import Context
+from batchrun.jobs.birthday import Birthday
 from batchrun.jobs.month import Month
 from batchrun.mail.base import MAX_NAME_CHARS, valid_address
 from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.period import Unit
 from batchrun.queue.base import QueueMessage
 from batchrun.queue.base import from_url as queue_from_url
+from batchrun.runtime import Options, Runtime
 from batchrun.settings import Settings
+
+UNITS: dict[str, Unit] = {"birthday": "month"}  # jobs a consumer parses bodies for
 
 SEED = int(os.environ.get("BATCHRUN_TEST_SEED", "20250607"))
 SENDER = "birthday@example.com"
@@ -132,9 +147,9 @@ def card_codes(db_url: str, year: int) -> dict[int, str]:
 def ledger_states(db_url: str, year: int) -> Counter[int]:
     rows = query(
         db_url,
-        "SELECT state, COUNT(*) FROM batchrun_task WHERE job = 'birthday' AND year = %s "
+        "SELECT state, COUNT(*) FROM batchrun_ledger WHERE job = 'birthday' AND once_key = %s "
         "GROUP BY state",
-        year,
+        str(year),
     )
     return Counter({int(state): int(count) for state, count in rows})
 
@@ -182,7 +197,9 @@ def assert_month_complete(
         expected[int(State.SKIPPED)] = skipped
     assert states == expected, f"ledger ({where})"
     held = query(
-        db_url, "SELECT COUNT(*) FROM batchrun_task WHERE year = %s AND owner IS NOT NULL", year
+        db_url,
+        "SELECT COUNT(*) FROM batchrun_ledger WHERE once_key = %s AND owner IS NOT NULL",
+        str(year),
     )
     assert held == [(0,)], f"no claim left behind ({where})"
     return duplicates
@@ -338,9 +355,9 @@ def _unfinished(db_url: str, year: int, want: set[int]) -> str:
     """Where the users a month left unfinished stand, for a failure message."""
     rows = query(
         db_url,
-        "SELECT user_id, state, owner, lease_until, queued, attempts, last_error, updated_at "
-        "FROM batchrun_task WHERE job = 'birthday' AND year = %s",
-        year,
+        "SELECT entity_id, state, owner, lease_until, queued, attempts, last_error, updated_at "
+        "FROM batchrun_ledger WHERE job = 'birthday' AND once_key = %s",
+        str(year),
     )
     done = {int(r[0]) for r in rows if int(r[1]) in (int(State.SENT), int(State.SKIPPED))}
     open_rows = sorted((r for r in rows if int(r[0]) not in done), key=lambda r: int(r[0]))
@@ -366,12 +383,12 @@ def test_crash_anywhere_then_a_rerun_completes_the_month_once(
     assert report.mid_month >= 5, asdict(report)
 
 
-class SlowCards(BirthdayJob):
+class SlowCards(Birthday):
     """A job whose card inserts take half a second: a database under load."""
 
-    async def ensure_cards(self, month: Month, users: Sequence[Candidate]) -> Any:
+    async def prepare(self, ctx: Context, rows: list[dict[str, Any]]) -> None:
         await asyncio.sleep(0.5)
-        return await super().ensure_cards(month, users)
+        await super().prepare(ctx, rows)
 
 
 async def test_a_dead_runs_claims_expiring_while_a_page_is_prepared_are_still_done(
@@ -380,23 +397,24 @@ async def test_a_dead_runs_claims_expiring_while_a_page_is_prepared_are_still_do
     smtp_server: SmtpTestServer,
     make_settings: Callable[..., Settings],
 ) -> None:
-    await store.seed_users(600, seed=14)
+    await seed_users(store, 600, seed=14)
     want = want_ids(db_url)
     held = sorted(want)[:10]
     # A run that died holding ten users; their lease runs out 0.2 s from now, while the
     # next run is creating the page's cards.
-    await store.claim(year=2025, month=6, ids=held, new_ids=held, me="f" * 32, lease_ms=200)
+    await store.claim(birthday_scope(2025, 6), ids=held, new_ids=held, me="f" * 32, lease_ms=200)
     settings = make_settings(db_url, mail_url=smtp_server.url)
     mailer = mailer_from_url(smtp_server.url, timeout=2.0)
     queue = queue_from_url(None, db=store.db, max_receives=5)
     try:
-        summary = await SlowCards(store, mailer, queue, settings).run(
+        summary = await Runtime(SlowCards(), store, mailer, queue, settings).run(
             Month(2025, 6), Options(concurrency=10)
         )
     finally:
         await mailer.close()
     assert smtp_server.sends_per_user(2025) == Counter(dict.fromkeys(want, 1)), summary
-    assert (await store.status(year=2025, month=6)).pending == 0
+    rt = Runtime(Birthday(), store, None, None, settings)
+    assert (await status_of_rt(rt, Month(2025, 6))).pending == 0
 
 
 # -- 2. the database connection killed mid-run ---------------------------------------------
@@ -673,7 +691,8 @@ def test_retry_queue_unreachable_keeps_failures_in_the_ledger(
         assert "retry queue unreachable" in err
         task = query(
             mysql_url,
-            "SELECT COUNT(*) FROM batchrun_task WHERE year = 2025 AND state = %s AND queued = 0",
+            "SELECT COUNT(*) FROM batchrun_ledger WHERE once_key = '2025' AND state = %s "
+            "AND queued = 0",
             int(State.RETRYING),
         )
         assert task == [(summary["not_queued"],)], "the failures stay in the ledger"
@@ -886,7 +905,7 @@ def test_poison_records_fail_alone_in_a_lambda_batch(tmp_path: Path, sqlite_url:
     assert run_cli("db", "seed", "--users", "200", "--seed", "37", env=environ).returncode == 0
     good = min(want_ids(sqlite_url))
     bodies = list(POISON.values())
-    valid = QueueMessage("retry", "birthday", "2025-06", user_id=good, attempt=1).to_json()
+    valid = QueueMessage("retry", "birthday", "2025-06", entity_id=good, attempt=1).to_json()
     records = [_sqs_record(i, b) for i, b in enumerate(bodies)] + [_sqs_record(len(bodies), valid)]
     result = aws_lambda.handle({"Records": records}, _Context(), environ=environ)
     failed = {f["itemIdentifier"] for f in result["batchItemFailures"]}

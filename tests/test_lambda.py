@@ -13,12 +13,13 @@ from urllib.parse import urlsplit
 
 import pytest
 from aws_server import MotoServer, aws_client, make_queue_with_dlq
-from conftest import card_counts, eligible_ids, query
+from conftest import card_counts, eligible_ids, query, seed_users
 from smtp_server import SmtpTestServer
 
 from batchrun import aws_lambda
 from batchrun.db import Store, connect
 from batchrun.errors import BatchrunError
+from batchrun.jobs.birthday import Birthday
 from batchrun.mail.base import valid_address
 
 EVENTS = Path(__file__).parent / "events"
@@ -82,8 +83,8 @@ def prepare(db_url: str, users: int, seed: int) -> set[int]:
         database = await connect(db_url, create=True)
         try:
             store = Store(database)
-            await store.migrate()
-            await store.seed_users(users, seed=seed)
+            await store.migrate([Birthday()])
+            await seed_users(store, users, seed=seed)
         finally:
             await database.close()
 

@@ -15,14 +15,23 @@ from datetime import date
 from typing import Any
 
 import pytest
-from conftest import card_counts, eligible_ids, mysql_connect, query, run_cli, table_digest
+from conftest import (
+    card_counts,
+    eligible_ids,
+    mysql_connect,
+    query,
+    run_cli,
+    seed_users,
+    table_digest,
+)
 
 from batchrun.db import Store, connect
 from batchrun.errors import NotMigratedError
-from batchrun.jobs.birthday import Options
+from batchrun.jobs.birthday import Birthday, demo
 from batchrun.jobs.month import Month
+from batchrun.runtime import Options
 
-BATCHRUN_TABLES = {"batchrun_schema", "batchrun_task", "batchrun_queue"}
+BATCHRUN_TABLES = {"batchrun_schema", "batchrun_ledger", "batchrun_queue"}
 USER_COLUMNS = "id, first_name, last_name, email, date_of_birth, status"
 CARD_COLUMNS = "id, recipient_email, message, status, scheduled_at, gift_code"
 INDEX = "idx_user_birth_month_status_id"
@@ -174,7 +183,7 @@ def unique_single_column_indexes(db_url: str, table: str, column: str) -> list[s
 async def migrate(db_url: str) -> list[str]:
     database = await connect(db_url, create=True)
     try:
-        return await Store(database).migrate()
+        return await Store(database).migrate([Birthday()])
     finally:
         await database.close()
 
@@ -326,7 +335,7 @@ async def test_migrate_empty_database_then_job_works(
     try:
         store = Store(database)
         await store.check_migrated()
-        assert await store.seed_users(400, seed=11) == 400
+        assert await seed_users(store, 400, seed=11) == 400
     finally:
         await database.close()
     expected = eligible_ids(db_url, 9)
@@ -372,14 +381,15 @@ async def test_page_query_uses_index_on_mysql(mysql_url: str) -> None:
     database = await connect(mysql_url)
     try:
         store = Store(database)
-        await store.seed_users(5000, seed=5)
+        await seed_users(store, 5000, seed=5)
         query(mysql_url, "ANALYZE TABLE user")
         columns = _explain_columns(mysql_url)
         table_at, key_at = columns.index("table"), columns.index("key")
         rows_at = columns.index("rows")
         for month in (1, 6, 12):
-            plan = await store.explain(year=2025, month=month)
-            users = [row for row in plan if row[table_at] == "u"]
+            rows = await demo.explain(store.jobdb, Month(2025, month))
+            plan = [tuple(r.values()) for r in rows]
+            users = [row for row in plan if row[table_at] == "user"]
             assert len(users) == 1, plan
             assert users[0][key_at] == INDEX, plan
             assert int(users[0][rows_at]) < 5000 / 4, plan  # one month, not the table
@@ -392,11 +402,11 @@ async def test_page_query_uses_index_on_sqlite(sqlite_url: str) -> None:
     database = await connect(sqlite_url)
     try:
         store = Store(database)
-        await store.seed_users(2000, seed=5)
-        plan = await store.explain(year=2025, month=6)
+        await seed_users(store, 2000, seed=5)
+        plan = [tuple(r.values()) for r in await demo.explain(store.jobdb, Month(2025, 6))]
     finally:
         await database.close()
     details = [str(row[-1]) for row in plan]
-    assert any(INDEX in d and d.startswith("SEARCH u") for d in details), details
-    assert not any(d.startswith("SCAN u") for d in details), details
+    assert any(INDEX in d and d.startswith("SEARCH user") for d in details), details
+    assert not any(d.startswith("SCAN user") for d in details), details
     assert not any("TEMP B-TREE" in d for d in details), details  # ORDER BY id from the index

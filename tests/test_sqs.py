@@ -19,10 +19,13 @@ from botocore.awsrequest import AWSResponse
 
 from batchrun.db import connect
 from batchrun.errors import ConfigError, QueueError
+from batchrun.period import Unit
 from batchrun.queue.base import QueueMessage, Received
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.queue.local import LocalQueue
 from batchrun.queue.sqs import SqsQueue
+
+UNITS: dict[str, Unit] = {"birthday": "month"}  # jobs a consumer parses bodies for
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY-SECRET"
 ACCESS_KEY = "AKIASECRETACCESSKEY01"
@@ -105,7 +108,9 @@ async def make_queue(aws_env: dict[str, str]) -> AsyncIterator[Callable[..., Sqs
 
 
 def retry_body(user_id: int, attempt: int = 1) -> str:
-    return QueueMessage("retry", "birthday", "2025-06", user_id=user_id, attempt=attempt).to_json()
+    return QueueMessage(
+        "retry", "birthday", "2025-06", entity_id=user_id, attempt=attempt
+    ).to_json()
 
 
 async def receive_all(queue: SqsQueue, *, visibility_s: float = 60) -> list[Received]:
@@ -378,11 +383,11 @@ async def test_fifo_groups_by_user_and_deduplicates_a_resend(
     messages = await read_raw(sqs, queues.fifo)
     groups = sorted((m["Attributes"]["MessageGroupId"], m["Body"]) for m in messages)
     assert groups == [
-        ("42", retry_body(42)),
-        ("43", retry_body(43, attempt=2)),
-        ("43", retry_body(43, attempt=3)),
         ("birthday:2025-06", continuation),
         ("birthday:2025-06", continuation),
+        ("birthday:42", retry_body(42)),
+        ("birthday:43", retry_body(43, attempt=2)),
+        ("birthday:43", retry_body(43, attempt=3)),
     ]
     dedup = {m["Attributes"]["MessageDeduplicationId"] for m in messages}
     assert len(dedup) == 5

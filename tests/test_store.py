@@ -9,99 +9,131 @@ from urllib.parse import urlsplit
 
 import aiomysql
 import pytest
-from conftest import query
+from conftest import birthday_scope, query, seed_users, status_of
 
 from batchrun import codes
 from batchrun.db import Store, connect
 from batchrun.db.mysql import _QuietCursor
-from batchrun.db.store import State, now_ms
-from batchrun.jobs.birthday import BirthdayJob
+from batchrun.db.store import Scope, State, now_ms
+from batchrun.job import Context
+from batchrun.jobs.birthday import Birthday
 from batchrun.jobs.month import Month
 from batchrun.queue.local import LocalQueue
+from batchrun.runtime import Runtime
+from batchrun.runtime.reports import Summary
+from batchrun.runtime.sending import Sender
 from batchrun.settings import Settings
+
+S1 = Scope("birthday", "2025", "2025-01")
 
 
 async def test_migrate_twice_applies_nothing_new(store: Store) -> None:
-    assert await store.migrate() == []
-    await store.check_migrated()
+    assert await store.migrate([Birthday()]) == []
+    await store.check_migrated([Birthday()])
 
 
-async def test_eligible_page_is_a_keyset_over_the_month(store: Store, db_url: str) -> None:
-    await store.seed_users(3000, seed=11)
-    expected = sorted(
-        int(r[0])
+async def birthday_rt(store: Store, db_url: str) -> tuple[Runtime, Context]:
+    rt = Runtime(Birthday(), store, None, None, Settings(db_url=db_url))
+    ctx = Context(
+        rt.job,
+        Month(2025, 6),
+        store.jobdb,
+        Sender(
+            None,
+            rt.settings,
+            summary=Summary("birthday", "2025-06", False),
+            lease=None,
+            stop=rt.stop,
+            limiter=None,
+            templates=None,
+        ),
+    )
+    return rt, ctx
+
+
+async def test_birthday_page_is_a_keyset_over_the_month(store: Store, db_url: str) -> None:
+    await seed_users(store, 3000, seed=2)
+    rt, ctx = await birthday_rt(store, db_url)
+    expected = [
+        r[0]
         for r in query(
             db_url,
-            "SELECT id FROM user WHERE birth_month = 6 AND status = 10 AND email IS NOT NULL",
+            "SELECT id FROM user WHERE birth_month = 6 AND status = 10 "
+            "AND email IS NOT NULL ORDER BY id",
         )
-    )
+    ]
     seen: list[int] = []
     after = 0
-    while page := await store.eligible_page(year=2025, month=6, after=after, limit=37):
-        assert len(page) <= 37
-        seen.extend(c.user_id for c in page)
-        after = page[-1].user_id
-    assert seen == expected
-    assert len(expected) > 100
+    while rows := await rt.job.page(ctx, after, 37):
+        assert len(rows) <= 37
+        seen += [r["id"] for r in rows]
+        after = rows[-1]["id"]
+    assert seen == expected and len(seen) > 100
 
 
-async def test_claims_partition_users_between_two_owners(store: Store) -> None:
-    await store.seed_users(200, seed=1)
-    ids = list(range(1, 101))
-    first, second = await asyncio.gather(
-        store.claim(year=2025, month=1, ids=ids, new_ids=ids, me="a" * 32, lease_ms=60_000),
-        store.claim(year=2025, month=1, ids=ids, new_ids=ids, me="b" * 32, lease_ms=60_000),
+async def test_claims_partition_entities_between_two_owners(store: Store) -> None:
+    ids = list(range(1, 201))
+    a, b = await asyncio.gather(
+        store.claim(S1, ids=ids, new_ids=ids, me="a" * 32, lease_ms=60_000),
+        store.claim(S1, ids=ids, new_ids=ids, me="b" * 32, lease_ms=60_000),
     )
-    assert first == second  # both read the same final owners
-    owners = {c.owner for c in first.values()}
-    assert owners <= {"a" * 32, "b" * 32}
-    assert len(first) == 100
+    owners = {uid: c.owner for uid, c in {**a, **b}.items()}
+    assert set(owners) == set(ids)
+    mine_a = {u for u, c in a.items() if c.owner == "a" * 32}
+    mine_b = {u for u, c in b.items() if c.owner == "b" * 32}
+    assert mine_a.isdisjoint(mine_b) and mine_a | mine_b == set(ids)
 
 
 async def test_expired_lease_is_taken_over_and_a_live_one_is_not(store: Store) -> None:
-    await store.seed_users(10, seed=1)
     ids = [1, 2, 3]
-    await store.claim(year=2025, month=1, ids=ids, new_ids=ids, me="dead", lease_ms=-1)
-    await store.claim(year=2025, month=1, ids=[4], new_ids=[4], me="alive", lease_ms=60_000)
-    claims = await store.claim(
-        year=2025, month=1, ids=[1, 2, 3, 4], new_ids=[], me="me", lease_ms=60_000
-    )
-    assert {uid: c.owner for uid, c in claims.items()} == {1: "me", 2: "me", 3: "me", 4: "alive"}
+    await store.claim(S1, ids=ids, new_ids=ids, me="dead", lease_ms=-1)
+    await store.claim(S1, ids=[4], new_ids=[4], me="alive", lease_ms=60_000)
+    claims = await store.claim(S1, ids=[1, 2, 3, 4], new_ids=[], me="new", lease_ms=60_000)
+    assert {u: c.owner for u, c in claims.items()} == {1: "new", 2: "new", 3: "new", 4: "alive"}
 
 
 async def test_only_the_owner_finishes_and_final_states_are_never_reclaimed(
     store: Store,
 ) -> None:
-    await store.seed_users(10, seed=1)
-    await store.claim(year=2025, month=1, ids=[1, 2], new_ids=[1, 2], me="a", lease_ms=-1)
-    assert await store.finish(year=2025, ids=[1, 2], me="b", state=State.SENT) == 0
-    assert await store.finish(year=2025, ids=[1], me="a", state=State.SENT) == 1
-    claims = await store.claim(year=2025, month=1, ids=[1, 2], new_ids=[], me="b", lease_ms=60_000)
-    assert claims[1].state == State.SENT and claims[1].owner is None
-    assert claims[2].owner == "b"
+    await store.claim(S1, ids=[1, 2], new_ids=[1, 2], me="a", lease_ms=-1)
+    assert await store.finish(S1, ids=[1, 2], me="b", state=State.SENT) == 0
+    assert await store.finish(S1, ids=[1], me="a", state=State.SENT) == 1
+    claims = await store.claim(S1, ids=[1, 2], new_ids=[], me="c", lease_ms=60_000)
+    assert claims[1].owner is None and claims[1].state == State.SENT
+    assert claims[2].owner == "c"
 
 
 async def test_heartbeat_extends_and_release_lets_go(store: Store) -> None:
-    await store.seed_users(5, seed=1)
-    await store.claim(year=2025, month=1, ids=[1, 2], new_ids=[1, 2], me="a", lease_ms=10)
-    assert await store.heartbeat(me="a", lease_ms=60_000) == 2
-    claims = await store.claims_of(year=2025, ids=[1, 2])
+    await store.claim(S1, ids=[1, 2], new_ids=[1, 2], me="a", lease_ms=10)
+    assert await store.heartbeat(S1, lo=1, hi=2, me="a", lease_ms=60_000) == 2
+    claims = await store.claims_of(S1, [1, 2])
     assert all((c.lease_until or 0) > now_ms() + 50_000 for c in claims.values())
-    await store.release(year=2025, ids=[1], me="a")
-    claims = await store.claims_of(year=2025, ids=[1, 2])
+    await store.release(S1, ids=[1], me="a")
+    claims = await store.claims_of(S1, [1, 2])
     assert claims[1].owner is None and claims[2].owner == "a"
+    assert await store.heartbeat(S1, lo=1, hi=2, me="a", lease_ms=60_000) == 1
 
 
-async def test_cards_are_created_once_per_idempotency_key(store: Store) -> None:
-    row = ("x@example.com", "hi", 1, "2025-06-01 00:00:00")
-    await store.insert_cards([(*row, "A" * 16, "birthday:2025:1")])
-    await store.insert_cards(
-        [(*row, "B" * 16, "birthday:2025:1"), (*row, "C" * 16, "birthday:2025:2")]
-    )
-    assert await store.cards_by_key(["birthday:2025:1", "birthday:2025:2"]) == {
-        "birthday:2025:1": "A" * 16,
-        "birthday:2025:2": "C" * 16,
-    }
+async def test_ledger_scopes_keep_jobs_and_periods_apart(store: Store) -> None:
+    day = Scope("renewal", "2025-06-01", "2025-06-01")
+    await store.claim(S1, ids=[7], new_ids=[7], me="a", lease_ms=60_000)
+    claims = await store.claim(day, ids=[7], new_ids=[7], me="b", lease_ms=60_000)
+    assert claims[7].owner == "b"  # the same id in another job is another entity
+    await store.finish(day, ids=[7], me="b", state=State.SENT)
+    assert (await store.claims_of(S1, [7]))[7].state == State.PENDING
+
+
+async def test_prepare_creates_cards_once_per_idempotency_key(store: Store, db_url: str) -> None:
+    await seed_users(store, 300, seed=1)
+    rt, ctx = await birthday_rt(store, db_url)
+    rows = await rt.job.page(ctx, 0, 20)
+    await rt.job.prepare(ctx, rows)
+    first = {r["id"]: r.get("code") for r in rows}
+    again = await rt.job.page(ctx, 0, 20)
+    await rt.job.prepare(ctx, again)
+    assert {r["id"]: r.get("code") for r in again} == first
+    keys = query(db_url, "SELECT idempotency_key FROM gift_card")
+    assert len(keys) == len({k for (k,) in keys}) == sum(1 for c in first.values() if c)
 
 
 async def test_gift_code_collision_is_retried_with_a_fresh_code(
@@ -109,30 +141,46 @@ async def test_gift_code_collision_is_retried_with_a_fresh_code(
     db_url: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    await store.seed_users(50, seed=1)
+    await seed_users(store, 50, seed=1)
     taken = "TAKEN0TAKEN0TAKE"
-    await store.insert_cards([("x@example.com", "hi", 1, "2025-06-01 00:00:00", taken, "other:1")])
+    query(
+        db_url,
+        "INSERT INTO gift_card (recipient_email, message, status, scheduled_at, gift_code, "
+        "idempotency_key) VALUES (%s, %s, %s, %s, %s, %s)",
+        "x@example.com",
+        "hi",
+        1,
+        "2025-06-01 00:00:00",
+        taken,
+        "other:1",
+    )
     pool = [taken, *[codes.new_code() for _ in range(10)]]
     fresh = iter(pool)
     monkeypatch.setattr(codes, "new_codes", lambda n: [next(fresh) for _ in range(n)])
-    job = BirthdayJob(store, None, None, Settings(db_url=db_url))
-    page = await store.eligible_page(year=2025, month=6, after=0, limit=1)
-    cards, created = await job.ensure_cards(Month(2025, 6), page)
-    assert created == 1
-    assert cards[page[0].user_id] == pool[1]  # the taken code, then one fresh draw
-    assert len(cards[page[0].user_id]) == 16
+    rt, ctx = await birthday_rt(store, db_url)
+    rows = await rt.job.page(ctx, 0, 1)
+    await rt.job.prepare(ctx, rows)
+    assert rows[0]["code"] == pool[1]  # the taken code, then one fresh draw
+    assert ctx._effects.summary.counters == {"cards_created": 1}  # type: ignore[attr-defined]
 
 
-async def test_status_counts_follow_the_ledger(store: Store) -> None:
-    await store.seed_users(2000, seed=5)
-    page = await store.eligible_page(year=2025, month=3, after=0, limit=5000)
-    ids = [c.user_id for c in page]
-    await store.claim(year=2025, month=3, ids=ids, new_ids=ids, me="m", lease_ms=60_000)
-    await store.finish(year=2025, ids=ids[:3], me="m", state=State.SENT)
-    await store.finish(year=2025, ids=ids[3:4], me="m", state=State.SKIPPED, error="bad")
-    await store.finish(year=2025, ids=ids[4:5], me="m", state=State.FAILED, error="550")
-    await store.finish(year=2025, ids=ids[5:6], me="m", state=State.RETRYING, error="451")
-    status = await store.status(year=2025, month=3)
+async def test_status_counts_follow_the_ledger(store: Store, db_url: str) -> None:
+    await seed_users(store, 2000, seed=5)
+    rt, _ = await birthday_rt(store, db_url)
+    ids = [
+        r[0]
+        for r in query(
+            db_url,
+            "SELECT id FROM user WHERE birth_month = 3 AND status = 10 AND email IS NOT NULL",
+        )
+    ]
+    scope = birthday_scope(2025, 3)
+    await store.claim(scope, ids=ids, new_ids=ids, me="m", lease_ms=60_000)
+    await store.finish(scope, ids=ids[:3], me="m", state=State.SENT)
+    await store.finish(scope, ids=ids[3:4], me="m", state=State.SKIPPED, error="bad")
+    await store.finish(scope, ids=ids[4:5], me="m", state=State.FAILED, error="550")
+    await store.finish(scope, ids=ids[5:6], me="m", state=State.RETRYING, error="451")
+    status = await status_of(rt, Month(2025, 3))
     assert (status.emails_sent, status.skipped, status.failed_permanent, status.retrying) == (
         3,
         1,

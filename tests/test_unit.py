@@ -15,11 +15,15 @@ import pytest
 from batchrun import codes
 from batchrun.db.sql import Queries, load, migration_steps, parse
 from batchrun.errors import ConfigError
+from batchrun.jobs.birthday import Birthday
 from batchrun.jobs.month import Month, parse_month
+from batchrun.period import Unit
 from batchrun.queue import base as queue_base
 from batchrun.queue.base import MAX_BODY, PoisonMessage, QueueMessage, backoff_s
 from batchrun.settings import DEFAULT_DB, DEFAULT_FROM, DEFAULT_MAIL, Settings
 from batchrun.urls import mask_text, mask_url
+
+UNITS: dict[str, Unit] = {"birthday": "month"}  # jobs a consumer parses bodies for
 
 # -- months ----------------------------------------------------------------------------------
 
@@ -48,7 +52,6 @@ def test_parse_month_valid(text: str, year: int, month: int) -> None:
         " ",
         "2025-13",
         "2025-00",
-        "2025-6",
         "25-06",
         "2025/06",
         "202506",
@@ -64,6 +67,7 @@ def test_parse_month_valid(text: str, year: int, month: int) -> None:
     ],
 )
 def test_parse_month_invalid(text: str) -> None:
+    """Malformed or ambiguous months are refused (2025-6 is not ambiguous: see below)."""
     with pytest.raises(ValueError) as info:
         parse_month(text)
     message = str(info.value)
@@ -221,10 +225,10 @@ def test_mask_url_password_with_raw_at_sign() -> None:
 
 
 def test_queue_message_round_trip() -> None:
-    retry = QueueMessage("retry", "birthday", "2025-06", user_id=42, attempt=3, reason="4xx")
-    assert QueueMessage.from_json(retry.to_json()) == retry
+    retry = QueueMessage("retry", "birthday", "2025-06", entity_id=42, attempt=3, reason="4xx")
+    assert QueueMessage.from_json(retry.to_json(), UNITS) == retry
     cont = QueueMessage("continuation", "birthday", "2025-06", after_id=1234)
-    assert QueueMessage.from_json(cont.to_json()) == cont
+    assert QueueMessage.from_json(cont.to_json(), UNITS) == cont
     body = json.loads(cont.to_json())
     assert body["kind"] == "continuation"
     assert body["after_id"] == 1234
@@ -232,8 +236,8 @@ def test_queue_message_round_trip() -> None:
 
 
 def test_queue_message_reason_is_truncated() -> None:
-    msg = QueueMessage("retry", "birthday", "2025-06", user_id=1, reason="x" * 5000)
-    parsed = QueueMessage.from_json(msg.to_json())
+    msg = QueueMessage("retry", "birthday", "2025-06", entity_id=1, reason="x" * 5000)
+    parsed = QueueMessage.from_json(msg.to_json(), UNITS)
     assert 0 < len(parsed.reason) <= 300
     assert len(msg.to_json()) < 1000
 
@@ -260,8 +264,8 @@ _MISSING = object()
 
 
 def test_queue_message_valid_body_parses() -> None:
-    msg = QueueMessage.from_json(_retry_body())
-    assert (msg.kind, msg.job, msg.month, msg.user_id, msg.attempt) == (
+    msg = QueueMessage.from_json(_retry_body(), UNITS)
+    assert (msg.kind, msg.job, msg.period, msg.entity_id, msg.attempt) == (
         "retry",
         "birthday",
         "2025-06",
@@ -296,7 +300,7 @@ def test_queue_message_valid_body_parses() -> None:
         pytest.param(_retry_body(attempt=-1), id="attempt-negative"),
         pytest.param(_retry_body(attempt="1"), id="attempt-string"),
         pytest.param(_retry_body(month="2025-13"), id="month-13"),
-        pytest.param(_retry_body(month="2025-6"), id="month-short"),
+        pytest.param(_retry_body(month="2025-6-1"), id="month-with-day"),
         pytest.param(_retry_body(month=202506), id="month-int"),
         pytest.param(_retry_body(month=_MISSING), id="month-missing"),
         pytest.param(
@@ -315,17 +319,17 @@ def test_queue_message_valid_body_parses() -> None:
 )
 def test_queue_message_poison(body: str) -> None:
     with pytest.raises(PoisonMessage):
-        QueueMessage.from_json(body)
+        QueueMessage.from_json(body, UNITS)
 
 
 def test_poison_message_is_a_value_error_with_reason() -> None:
-    with pytest.raises(ValueError, match="user_id"):
-        QueueMessage.from_json(_retry_body(user_id="42"))
+    with pytest.raises(ValueError, match="bad id"):
+        QueueMessage.from_json(_retry_body(user_id="42"), UNITS)
 
 
 def test_queue_message_user_id_out_of_range_is_poison() -> None:
     with pytest.raises(PoisonMessage):
-        QueueMessage.from_json(_retry_body(user_id=2**64))
+        QueueMessage.from_json(_retry_body(user_id=2**64), UNITS)
 
 
 # -- backoff ---------------------------------------------------------------------------------
@@ -489,18 +493,26 @@ def test_parse_rejects_duplicate_names() -> None:
 def test_shipped_queries_load_and_compile(dialect: str) -> None:
     queries = load(dialect)
     assert queries.placeholder == ("%s" if dialect == "mysql" else "?")
-    for name in ("eligible_page", "claim_new", "insert_cards", "status_counts", "queue_send"):
+    for name in ("claims_of", "claim_new", "finish", "status_counts", "queue_send"):
         assert name in queries.statements
     steps = migration_steps(dialect)
     names = [s.name for s in steps]
     assert names == sorted(names)
     assert names[0].startswith("migrate_0000")
-    sql, args = queries.compile(
-        "eligible_page",
-        {"job": "birthday", "year": 2025, "month": 6, "after": 0, "until": 99, "limit": 10},
-    )
-    assert args == ("birthday", 2025, 6, 0, 99, 10)
+    sql, args = queries.compile("claims_of", {"job": "birthday", "once": "2025", "ids": [4, 5, 6]})
+    assert args == ("birthday", "2025", 4, 5, 6)  # a list parameter expands for IN
     assert ":" not in re.sub(r"'[^']*'", "", sql)
+    birthday = Birthday.sql
+    assert birthday is not None
+    page = birthday.text(dialect, "page")
+    sql, args = queries.compile_text(page, page, {"month": 6, "after": 0, "limit": 10})
+    assert args == (6, 0, 10) and ":" not in sql
+    assert next(s.name for s in birthday.migration_steps(dialect)) == "migrate_0001_user"
+
+
+def test_parse_month_accepts_a_one_digit_month() -> None:
+    assert str(parse_month("2025-6")) == "2025-06"
+    assert str(parse_month(" 2025-12 ")) == "2025-12"
 
 
 # -- settings --------------------------------------------------------------------------------

@@ -50,21 +50,59 @@ class Database(ABC):
         """Run an already-compiled query (EXPLAIN of a named one)."""
 
     @abstractmethod
+    async def fetch_columns(self, sql: str, args: tuple[Any, ...]) -> tuple[list[str], list[Row]]:
+        """Run an already-compiled query; return its column names and rows (``ctx.db``)."""
+
+    @abstractmethod
+    async def execute_sql(self, sql: str, args: tuple[Any, ...]) -> int:
+        """Run an already-compiled statement; return the rows it changed (``ctx.db``)."""
+
+    @abstractmethod
     async def run_step(self, statement: Statement) -> None:
         """Run one migration step (DDL)."""
 
     async def guard_holds(self, guard: str) -> bool:
-        """Whether a guard holds: ``table T``, ``column T.C``, ``index T.I`` or ``unique T.C``."""
+        """Whether a guard holds: ``table T``, ``missing T`` (no table T), ``column T.C``,
+        ``index T.I`` or ``unique T.C``."""
         kind, _, target = guard.partition(" ")
         table, _, item = target.strip().partition(".")
+        if kind == "missing":
+            return not await self.has_table(table)
         query = _GUARDS.get(kind)
         if query is None:
             raise ValueError(f"unknown migration guard {guard!r}")
         return bool(await self.fetchval(query, table=table, item=item))
 
+    async def has_table(self, table: str) -> bool:
+        """Whether ``table`` exists."""
+        return bool(await self.fetchval("has_table", table=table, item=""))
+
     @abstractmethod
     async def close(self) -> None:
         """Close every connection."""
+
+
+class JobDatabase:
+    """``ctx.db``: SQL text with ``:name`` parameters, always bound by the driver.
+
+    A list parameter expands for ``IN :ids`` (a list of tuples for multi-row ``VALUES``).
+    Compiled statements are cached by their text, so a job's few queries are parsed once.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self.dialect = db.dialect
+
+    async def fetch(self, sql: str, /, **params: Any) -> list[dict[str, Any]]:
+        """Run a query; return its rows as dicts keyed by column name."""
+        compiled, args = self._db.queries.compile_text(sql, sql, params)
+        names, rows = await self._db.fetch_columns(compiled, args)
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    async def execute(self, sql: str, /, **params: Any) -> int:
+        """Run a statement; return the rows it changed."""
+        compiled, args = self._db.queries.compile_text(sql, sql, params)
+        return await self._db.execute_sql(compiled, args)
 
 
 async def connect(url: str, *, pool_size: int = 4, create: bool = False) -> Database:

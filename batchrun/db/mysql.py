@@ -21,7 +21,19 @@ log = logging.getLogger(__name__)
 _NO_TABLE = 1146
 _LOST = {2006, 2013, 2055}  # server gone away, lost connection: retried once on a fresh one
 _CONFLICT = {1213, 1205}  # deadlock, lock wait timeout: the statement is retried
-_CONFLICT_TRIES = 5
+_CONFLICT_TRIES = 3
+# A batchrun statement waits at most this long for a row lock, then goes again (three tries
+# in all): well under the 15 s lease, so a heartbeat or outcome write held up by another
+# session's lock fails in time for the run to notice (the fence in runtime/lease.py),
+# instead of waiting 50 s while its claims expire.
+LOCK_WAIT_S = 2
+_UNKNOWN_VARIABLE = 1193
+# Single autocommit statements need no snapshot: READ COMMITTED takes no gap locks, so
+# concurrent runs and the heartbeat block each other less. MariaDB names the variable
+# tx_isolation (transaction_isolation only from 11.1), MySQL 8 transaction_isolation.
+_SESSION = (
+    f"SET @@SESSION.{{var}} = 'READ-COMMITTED', @@SESSION.innodb_lock_wait_timeout = {LOCK_WAIT_S}"
+)
 _CONNECT = {2002, 2003, 1045, 1049, 2005}
 
 
@@ -70,37 +82,48 @@ class MySQLDatabase(Database):
         except ValueError:
             raise ConfigError(f"database URL {mask_url(url)!r} has a bad port") from None
         options = parse_qs(parts.query)
-        try:
-            pool = await aiomysql.create_pool(
-                host=parts.hostname or "127.0.0.1",
-                port=port,
-                user=unquote(parts.username or "root"),
-                password=unquote(parts.password or ""),
-                db=unquote(database),
-                autocommit=True,
-                charset="utf8mb4",
-                minsize=1,
-                maxsize=max(1, pool_size),
-                connect_timeout=float(options.get("connect_timeout", ["10"])[0]),
-                pool_recycle=3600,
-                # Single autocommit statements need no snapshot: READ COMMITTED takes no gap
-                # locks, so concurrent runs and the heartbeat block each other less.
-                init_command="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
-            )
-        except (pymysql.err.MySQLError, OSError) as exc:
-            raise DatabaseError(
-                f"cannot connect to {mask_url(url)}: {mask_text(_describe(exc), url)}"
-            ) from exc
+        settings = {
+            "host": parts.hostname or "127.0.0.1",
+            "port": port,
+            "user": unquote(parts.username or "root"),
+            "password": unquote(parts.password or ""),
+            "db": unquote(database),
+            "autocommit": True,
+            "charset": "utf8mb4",
+            "minsize": 1,
+            "maxsize": max(1, pool_size),
+            "connect_timeout": float(options.get("connect_timeout", ["10"])[0]),
+            "pool_recycle": 3600,
+        }
+        pool = None
+        for var in ("tx_isolation", "transaction_isolation"):
+            try:
+                pool = await aiomysql.create_pool(**settings, init_command=_SESSION.format(var=var))
+                break
+            except (pymysql.err.MySQLError, OSError) as exc:
+                if _code(exc) == _UNKNOWN_VARIABLE and var == "tx_isolation":
+                    continue
+                raise DatabaseError(
+                    f"cannot connect to {mask_url(url)}: {mask_text(_describe(exc), url)}"
+                ) from exc
+        assert pool is not None
         return cls(url, queries, pool)
 
     async def _run(self, sql: str, args: tuple[Any, ...], *, fetch: bool) -> tuple[int, list[Row]]:
+        count, rows, _ = await self._run_described(sql, args, fetch=fetch)
+        return count, rows
+
+    async def _run_described(
+        self, sql: str, args: tuple[Any, ...], *, fetch: bool
+    ) -> tuple[int, list[Row], list[str]]:
         lost = conflicts = 0
         while True:
             try:
                 async with self._pool.acquire() as conn, conn.cursor(_QuietCursor) as cur:
                     await cur.execute(sql, args)
                     rows = list(await cur.fetchall()) if fetch else []
-                    return cur.rowcount, rows
+                    names = [d[0] for d in cur.description or ()]
+                    return cur.rowcount, rows, names
             except pymysql.err.MySQLError as exc:
                 # Every batchrun statement is idempotent (INSERT IGNORE, guarded UPDATEs)
                 # and runs alone in autocommit, so running it again is safe.
@@ -143,8 +166,16 @@ class MySQLDatabase(Database):
         _, rows = await self._run(sql, args, fetch=True)
         return rows
 
+    async def fetch_columns(self, sql: str, args: tuple[Any, ...]) -> tuple[list[str], list[Row]]:
+        _, rows, names = await self._run_described(sql, args, fetch=True)
+        return names, rows
+
+    async def execute_sql(self, sql: str, args: tuple[Any, ...]) -> int:
+        count, _ = await self._run(sql, args, fetch=False)
+        return count
+
     async def run_step(self, statement: Statement) -> None:
-        sql, args = self.queries.compile_text(statement.name, statement.text, {})
+        sql, args = self.queries.compile_text(statement.text, statement.text, {})
         await self._run(sql, args, fetch=False)
 
     async def close(self) -> None:

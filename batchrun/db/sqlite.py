@@ -51,13 +51,20 @@ class SQLiteDatabase(Database):
         return cls(url, queries, conn)
 
     async def _run(self, sql: str, args: tuple[Any, ...], *, fetch: bool) -> tuple[int, list[Row]]:
+        count, rows, _ = await self._run_described(sql, args, fetch=fetch)
+        return count, rows
+
+    async def _run_described(
+        self, sql: str, args: tuple[Any, ...], *, fetch: bool
+    ) -> tuple[int, list[Row], list[str]]:
         try:
             # One statement at a time, start to finish: a half-read SELECT keeps a read
             # snapshot open, and a write from another task on this connection inside it
             # would fail at once with SQLITE_BUSY_SNAPSHOT instead of waiting.
             async with self._lock, self._conn.execute(sql, args) as cur:
                 rows = list(await cur.fetchall()) if fetch else []
-                return cur.rowcount, [tuple(r) for r in rows]
+                names = [d[0] for d in cur.description or ()]
+                return cur.rowcount, [tuple(r) for r in rows], names
         except sqlite3.OperationalError as exc:
             if "no such table" in str(exc) or "no such column" in str(exc):
                 raise NotMigratedError(
@@ -81,6 +88,14 @@ class SQLiteDatabase(Database):
     async def fetch_sql(self, sql: str, args: tuple[Any, ...]) -> list[Row]:
         _, rows = await self._run(sql, args, fetch=True)
         return rows
+
+    async def fetch_columns(self, sql: str, args: tuple[Any, ...]) -> tuple[list[str], list[Row]]:
+        _, rows, names = await self._run_described(sql, args, fetch=True)
+        return names, rows
+
+    async def execute_sql(self, sql: str, args: tuple[Any, ...]) -> int:
+        count, _ = await self._run(sql, args, fetch=False)
+        return count
 
     async def run_step(self, statement: Statement) -> None:
         await self._run(statement.text, (), fetch=False)

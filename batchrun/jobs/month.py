@@ -1,36 +1,24 @@
-"""Month arguments: strict ``YYYY-MM``."""
+"""Month arguments (``--month``): the birthday job's period, under its batchrun 0.1 names."""
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import date, datetime
 
-_MONTH = re.compile(r"([0-9]{4})-(0[1-9]|1[0-2])")
+from batchrun.period import Period, current, parse
 
 
-@dataclass(frozen=True, slots=True, order=True)
 class Month:
-    """A calendar month; the card it creates is for ``year``."""
+    """``Month(2025, 6)`` is ``Period(date(2025, 6, 1), "month")``."""
 
-    year: int
-    month: int
+    def __new__(cls, year: int, month: int) -> Period:  # type: ignore[misc]
+        return Period(date(year, month, 1), "month")
 
-    def __str__(self) -> str:
-        return f"{self.year:04d}-{self.month:02d}"
-
-    @classmethod
-    def current(cls, now: datetime | None = None) -> Month:
+    @staticmethod
+    def current(now: datetime | None = None) -> Period:
         """The current month in UTC."""
-        now = now or datetime.now(UTC)
-        if now.tzinfo is not None:
-            now = now.astimezone(UTC)  # a naive time is taken to be UTC already
-        return cls(now.year, now.month)
+        return current("month", now)
 
 
-def parse_month(text: str) -> Month:
-    """Parse ``YYYY-MM``; raise ValueError with a one-line reason otherwise."""
-    match = _MONTH.fullmatch(text.strip()) if text else None
-    if not match or int(match[1]) < 1900:
-        raise ValueError(f"invalid month {text!r}: expected YYYY-MM, e.g. 2025-06")
-    return Month(int(match[1]), int(match[2]))
+def parse_month(text: str) -> Period:
+    """Parse ``YYYY-MM`` (or ``YYYY-M``); raise ValueError with a one-line reason otherwise."""
+    return parse("month", text)

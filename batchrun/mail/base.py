@@ -84,7 +84,7 @@ class Message:
     to_name: str
     subject: str
     text: str
-    html: str
+    html: str  # "" for a text-only message
     message_id: str  # stable per (job, year, user), e.g. "<birthday.2025.42@example.com>"
 
     @property
@@ -123,8 +123,14 @@ class Message:
             # system can still drop the one duplicate a crash may cause (invariant 3).
             f"\r\nX-Batchrun-Id: {self.message_id}"
             "\r\nMIME-Version: 1.0"
-            f'\r\nContent-Type: multipart/alternative; boundary="{boundary}"\r\n\r\n'
         )
+        if not self.html:  # a text-only message: one part, no multipart wrapper
+            body = base64.encodebytes(self.text.encode("utf-8")).replace(b"\n", b"\r\n")
+            return (
+                headers + '\r\nContent-Type: text/plain; charset="utf-8"'
+                "\r\nContent-Transfer-Encoding: base64\r\n\r\n"
+            ).encode("ascii") + body
+        headers += f'\r\nContent-Type: multipart/alternative; boundary="{boundary}"\r\n\r\n'
         return b"".join(
             (
                 headers.encode("ascii"),

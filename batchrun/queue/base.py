@@ -10,13 +10,16 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
 
 from batchrun.db.store import MAX_ID
 from batchrun.errors import ConfigError
+from batchrun.period import Unit
+from batchrun.period import parse as parse_period
 from batchrun.urls import mask_url, scheme_of
 
 if TYPE_CHECKING:
     from batchrun.db.base import Database
 
-KNOWN_JOBS = frozenset({"birthday"})
 MAX_BODY = 64 * 1024  # SQS's own limit is 256 KiB; ours are a few hundred bytes
+KINDS = ("retry", "task", "continuation", "shard")
+Kind = Literal["retry", "task", "continuation", "shard"]
 
 
 class PoisonMessage(ValueError):
@@ -25,34 +28,42 @@ class PoisonMessage(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class QueueMessage:
-    """A retry of one user, or a range of the month's users: ids in (after_id, until_id].
+    """One entity's task, or a range of a period's entities: ids in (after_id, until_id].
 
-    A ``shard`` is a range the fan-out producer queued; a ``continuation`` is the rest of a
-    range (or month) that a stopped run handed on. Both are worked the same way.
+    A ``retry`` redoes an entity that failed; a ``task`` is one an application submitted
+    (``batchrun submit``). A ``shard`` is a range the fan-out producer queued; a
+    ``continuation`` is the rest of a range (or period) that a stopped run handed on, with
+    what is left of its ``--limit``. Ranges are worked the same way.
+
+    Bodies of batchrun 0.1 (``"v": 1``, ``month`` and ``user_id``) are read as well.
     """
 
-    kind: Literal["retry", "continuation", "shard"]
+    kind: Kind
     job: str
-    month: str
-    user_id: int = 0
+    period: str
+    entity_id: int = 0
     after_id: int = 0
     until_id: int = MAX_ID
     attempt: int = 0
     reason: str = ""
+    limit: int | None = None
 
     def to_json(self) -> str:
-        body: dict[str, Any] = {"v": 1, "kind": self.kind, "job": self.job, "month": self.month}
-        if self.kind == "retry":
-            body.update(user_id=self.user_id, attempt=self.attempt, reason=self.reason[:300])
+        body: dict[str, Any] = {"v": 2, "kind": self.kind, "job": self.job, "period": self.period}
+        if self.kind in ("retry", "task"):
+            body.update(id=self.entity_id, attempt=self.attempt, reason=self.reason[:300])
         else:
             body.update(after_id=self.after_id)
             if self.until_id != MAX_ID:
                 body.update(until_id=self.until_id)
+            if self.limit is not None:
+                body.update(limit=self.limit)
         return json.dumps(body, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> QueueMessage:
-        """Parse and validate a body; raise PoisonMessage for anything malformed."""
+    def from_json(cls, text: str, units: Mapping[str, Unit]) -> QueueMessage:
+        """Parse and validate a body for the jobs ``units`` names (job -> period unit);
+        raise PoisonMessage for anything malformed or for a job that is not registered."""
         if len(text) > MAX_BODY:
             raise PoisonMessage(f"body too large ({len(text)} bytes)")
         try:
@@ -64,43 +75,44 @@ class QueueMessage:
         if not isinstance(body, dict):
             raise PoisonMessage("body is not a JSON object")
         kind = body.get("kind")
-        if kind not in ("retry", "continuation", "shard"):
+        if kind not in KINDS:
             raise PoisonMessage(f"unknown kind {kind!r}")
         job = body.get("job")
-        if not isinstance(job, str) or job not in KNOWN_JOBS:
+        if not isinstance(job, str) or job not in units:
             raise PoisonMessage(f"unknown job {job!r}")
-        month = body.get("month")
-        if not isinstance(month, str):
-            raise PoisonMessage(f"bad month {month!r}")
-        from batchrun.jobs.month import parse_month  # local: jobs imports this module
-
+        period = body.get("period", body.get("month"))
         try:
-            parse_month(month)
+            if not isinstance(period, str):
+                raise ValueError
+            period = str(parse_period(units[job], period))
         except ValueError:
-            raise PoisonMessage(f"bad month {month!r}") from None
-        if kind == "retry":
-            user_id = body.get("user_id")
+            raise PoisonMessage(f"bad period {period!r}") from None
+        if kind in ("retry", "task"):
+            entity_id = body.get("id", body.get("user_id"))
             attempt = body.get("attempt", 0)
-            if not _is_int(user_id) or not 0 < user_id <= MAX_ID:
-                raise PoisonMessage(f"bad user_id {user_id!r}")
+            if not _is_int(entity_id) or not 0 < entity_id <= MAX_ID:
+                raise PoisonMessage(f"bad id {entity_id!r}")
             if not _is_int(attempt) or not 0 <= attempt <= MAX_ID:
                 raise PoisonMessage(f"bad attempt {attempt!r}")
             reason = body.get("reason", "")
             return cls(
-                "retry",
+                kind,
                 job,
-                month,
-                user_id=user_id,
+                period,
+                entity_id=entity_id,
                 attempt=attempt,
                 reason=reason if isinstance(reason, str) else "",
             )
         after_id = body.get("after_id")
         until_id = body.get("until_id", MAX_ID)
+        limit = body.get("limit")
         if not _is_int(after_id) or not 0 <= after_id <= MAX_ID:
             raise PoisonMessage(f"bad after_id {after_id!r}")
         if not _is_int(until_id) or not after_id < until_id <= MAX_ID:
             raise PoisonMessage(f"bad until_id {until_id!r}")
-        return cls(kind, job, month, after_id=after_id, until_id=until_id)
+        if limit is not None and (not _is_int(limit) or limit < 1):
+            raise PoisonMessage(f"bad limit {limit!r}")
+        return cls(kind, job, period, after_id=after_id, until_id=until_id, limit=limit)
 
 
 def _is_int(value: object) -> TypeGuard[int]:

@@ -426,13 +426,16 @@ def _batches(entries: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
 
 
 def _fifo_keys(body: str, call: str) -> tuple[str, str]:
-    """(MessageGroupId, dedup key) of a body: the user for a retry, the month otherwise.
+    """(MessageGroupId, dedup key) of a body: the entity for a retry or a task, the period
+    otherwise.
 
-    A retry's key is job, month, user and attempt, so a resend of the same failure within
-    SQS's five-minute window is dropped by SQS. A continuation's key is unique to the
-    ``send`` call (``call``): a second hand-off from the same cursor must not be dropped while
-    the first, still in flight, is about to be deleted. A body that is not ours is keyed by
-    itself.
+    One group per (job, entity): SQS FIFO delivers a group's messages one at a time, so two
+    tasks for one entity never run at once (seed 000's per-user serial execution). A
+    retry's dedup key is job, period, entity and attempt, so a resend of the same failure
+    within SQS's five-minute window is dropped by SQS; a submitted task's and a
+    continuation's are unique to the ``send`` call (``call``): a second submit, or a second
+    hand-off from the same cursor, must not be dropped. A body that is not ours is keyed by
+    itself. Bodies of batchrun 0.1 (``month``, ``user_id``) are read too.
     """
     try:
         data = json.loads(body)
@@ -440,12 +443,16 @@ def _fifo_keys(body: str, call: str) -> tuple[str, str]:
         data = None
     if not isinstance(data, dict):
         return "batchrun", f"body:{body}"
-    job, month = data.get("job"), data.get("month")
-    if data.get("kind") == "retry" and data.get("user_id") is not None:
-        user_id, attempt = data["user_id"], data.get("attempt", 0)
-        return str(user_id), f"{job}:{month}:{user_id}:{attempt}"
-    if data.get("kind") == "continuation":
-        return f"{job}:{month}", f"{job}:{month}:after:{data.get('after_id')}:{call}"
+    job, period = data.get("job"), data.get("period", data.get("month"))
+    entity = data.get("id", data.get("user_id"))
+    kind = data.get("kind")
+    if kind in ("retry", "task") and entity is not None:
+        group = f"{job}:{entity}"
+        if kind == "task":
+            return group, f"{job}:{period}:{entity}:task:{call}"
+        return group, f"{job}:{period}:{entity}:{data.get('attempt', 0)}"
+    if kind == "continuation":
+        return f"{job}:{period}", f"{job}:{period}:after:{data.get('after_id')}:{call}"
     return "batchrun", f"body:{body}"
 
 

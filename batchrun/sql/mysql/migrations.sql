@@ -10,73 +10,6 @@ CREATE TABLE IF NOT EXISTS batchrun_schema (
   applied_at BIGINT NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
 
--- name: migrate_0001_user
--- unless: table user
-CREATE TABLE IF NOT EXISTS `user` (
-  id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
-  first_name VARCHAR(255) NULL,
-  last_name VARCHAR(255) NULL,
-  email VARCHAR(255) NULL,
-  date_of_birth DATE NULL,
-  status SMALLINT NOT NULL DEFAULT 10
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
-
--- name: migrate_0002_gift_card
--- unless: table gift_card
-CREATE TABLE IF NOT EXISTS gift_card (
-  id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
-  recipient_email VARCHAR(255) NOT NULL,
-  message VARCHAR(255) NOT NULL,
-  status SMALLINT NOT NULL DEFAULT 1,
-  scheduled_at DATETIME NOT NULL,
-  gift_code VARCHAR(32) NOT NULL
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_unicode_ci;
-
--- name: migrate_0003_user_birth_month
--- unless: column user.birth_month
--- One ALTER so a large table is rebuilt once. MariaDB does not rewrite MONTH(date_of_birth)
--- to this column: the page query names birth_month itself.
-ALTER TABLE `user`
-  ADD COLUMN birth_month TINYINT AS (MONTH(date_of_birth)) STORED,
-  ADD INDEX idx_user_birth_month_status_id (birth_month, status, id);
-
--- name: migrate_0004_user_birth_month_index
--- unless: index user.idx_user_birth_month_status_id
-CREATE INDEX idx_user_birth_month_status_id ON `user` (birth_month, status, id);
-
--- name: migrate_0005_gift_card_idempotency_key
--- unless: column gift_card.idempotency_key
-ALTER TABLE gift_card
-  ADD COLUMN idempotency_key VARCHAR(64) NULL,
-  ADD UNIQUE KEY uq_gift_card_idempotency_key (idempotency_key);
-
--- name: migrate_0006_gift_card_code_unique
--- unless: unique gift_card.gift_code
-ALTER TABLE gift_card ADD UNIQUE KEY uq_gift_card_gift_code (gift_code);
-
--- name: migrate_0007_task
--- unless: table batchrun_task
--- The ledger: one row per (job, year, user). state: 0 pending/claimed, 1 sent,
--- 2 skipped (invalid address), 3 failed temporarily (retrying), 4 failed for good.
--- owner/lease_until (epoch ms) is the claim that serializes work on one user.
-CREATE TABLE IF NOT EXISTS batchrun_task (
-  job VARCHAR(32) NOT NULL,
-  year SMALLINT NOT NULL,
-  user_id BIGINT UNSIGNED NOT NULL,
-  month TINYINT NOT NULL,
-  state TINYINT NOT NULL DEFAULT 0,
-  attempts INT NOT NULL DEFAULT 0,
-  owner CHAR(32) NULL,
-  lease_until BIGINT NULL,
-  queued TINYINT NOT NULL DEFAULT 0,
-  last_error VARCHAR(500) NULL,
-  updated_at BIGINT NOT NULL,
-  PRIMARY KEY (job, year, user_id),
-  KEY idx_batchrun_task_month_state (job, year, month, state),
-  KEY idx_batchrun_task_owner (owner),
-  KEY idx_batchrun_task_unqueued (state, queued)
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
-
 -- name: migrate_0008_queue
 -- unless: table batchrun_queue
 -- The local retry queue, with SQS semantics: a received message is invisible until
@@ -93,3 +26,35 @@ CREATE TABLE IF NOT EXISTS batchrun_queue (
   KEY idx_batchrun_queue_visible (dead, visible_at),
   KEY idx_batchrun_queue_receipt (receipt)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+-- name: migrate_0009_ledger
+-- unless: table batchrun_ledger
+-- The ledger (see common/ledger.sql): one row per (job, once_per period, entity).
+CREATE TABLE IF NOT EXISTS batchrun_ledger (
+  job VARCHAR(32) NOT NULL,
+  once_key VARCHAR(10) NOT NULL,
+  entity_id BIGINT UNSIGNED NOT NULL,
+  period VARCHAR(10) NOT NULL,
+  state TINYINT NOT NULL DEFAULT 0,
+  attempts INT NOT NULL DEFAULT 0,
+  owner CHAR(32) NULL,
+  lease_until BIGINT NULL,
+  queued TINYINT NOT NULL DEFAULT 0,
+  last_error VARCHAR(500) NULL,
+  updated_at BIGINT NOT NULL,
+  PRIMARY KEY (job, once_key, entity_id),
+  KEY idx_batchrun_ledger_period_state (job, period, state),
+  KEY idx_batchrun_ledger_owner (owner),
+  KEY idx_batchrun_ledger_unqueued (state, queued)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- name: migrate_0010_ledger_from_task
+-- unless: recorded
+-- unless: missing batchrun_task
+-- Upgrade in place: the rows of the birthday-only ledger of batchrun 0.1 (batchrun_task,
+-- keyed by job, year, user) become ledger rows keyed by the year; the old table stays.
+INSERT IGNORE INTO batchrun_ledger
+  (job, once_key, entity_id, period, state, attempts, owner, lease_until, queued,
+   last_error, updated_at)
+SELECT job, LPAD(year, 4, '0'), user_id, CONCAT(LPAD(year, 4, '0'), '-', LPAD(month, 2, '0')),
+  state, attempts, owner, lease_until, queued, last_error, updated_at
+FROM batchrun_task;

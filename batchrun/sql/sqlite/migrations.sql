@@ -11,82 +11,6 @@ CREATE TABLE IF NOT EXISTS batchrun_schema (
   applied_at INTEGER NOT NULL
 );
 
--- name: migrate_0001_user
--- unless: table user
-CREATE TABLE IF NOT EXISTS user (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  first_name TEXT NULL,
-  last_name TEXT NULL,
-  email TEXT NULL,
-  date_of_birth TEXT NULL,
-  status INTEGER NOT NULL DEFAULT 10
-);
-
--- name: migrate_0002_gift_card
--- unless: table gift_card
-CREATE TABLE IF NOT EXISTS gift_card (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  recipient_email TEXT NOT NULL,
-  message TEXT NOT NULL,
-  status INTEGER NOT NULL DEFAULT 1,
-  scheduled_at TEXT NOT NULL,
-  gift_code TEXT NOT NULL
-);
-
--- name: migrate_0003_user_birth_month
--- unless: column user.birth_month
--- SQLite can only add a VIRTUAL generated column to an existing table; the index stores it.
-ALTER TABLE user ADD COLUMN birth_month INTEGER
-  GENERATED ALWAYS AS (CAST(strftime('%m', date_of_birth) AS INTEGER)) VIRTUAL;
-
--- name: migrate_0004_user_birth_month_index
--- unless: index user.idx_user_birth_month_status_id
-CREATE INDEX idx_user_birth_month_status_id ON user (birth_month, status, id);
-
--- name: migrate_0005_gift_card_idempotency_key
--- unless: column gift_card.idempotency_key
-ALTER TABLE gift_card ADD COLUMN idempotency_key TEXT NULL;
-
--- name: migrate_0006_gift_card_idempotency_key_unique
--- unless: unique gift_card.idempotency_key
-CREATE UNIQUE INDEX uq_gift_card_idempotency_key ON gift_card (idempotency_key);
-
--- name: migrate_0007_gift_card_code_unique
--- unless: unique gift_card.gift_code
-CREATE UNIQUE INDEX uq_gift_card_gift_code ON gift_card (gift_code);
-
--- name: migrate_0008_task
--- unless: table batchrun_task
--- The ledger: one row per (job, year, user). state: 0 pending/claimed, 1 sent,
--- 2 skipped (invalid address), 3 failed temporarily (retrying), 4 failed for good.
--- owner/lease_until (epoch ms) is the claim that serializes work on one user.
-CREATE TABLE IF NOT EXISTS batchrun_task (
-  job TEXT NOT NULL,
-  year INTEGER NOT NULL,
-  user_id INTEGER NOT NULL,
-  month INTEGER NOT NULL,
-  state INTEGER NOT NULL DEFAULT 0,
-  attempts INTEGER NOT NULL DEFAULT 0,
-  owner TEXT NULL,
-  lease_until INTEGER NULL,
-  queued INTEGER NOT NULL DEFAULT 0,
-  last_error TEXT NULL,
-  updated_at INTEGER NOT NULL,
-  PRIMARY KEY (job, year, user_id)
-) WITHOUT ROWID;
-
--- name: migrate_0009_task_indexes
--- unless: index batchrun_task.idx_batchrun_task_month_state
-CREATE INDEX IF NOT EXISTS idx_batchrun_task_month_state ON batchrun_task (job, year, month, state);
-
--- name: migrate_0010_task_owner_index
--- unless: index batchrun_task.idx_batchrun_task_owner
-CREATE INDEX IF NOT EXISTS idx_batchrun_task_owner ON batchrun_task (owner);
-
--- name: migrate_0011_task_unqueued_index
--- unless: index batchrun_task.idx_batchrun_task_unqueued
-CREATE INDEX IF NOT EXISTS idx_batchrun_task_unqueued ON batchrun_task (state, queued);
-
 -- name: migrate_0012_queue
 -- unless: table batchrun_queue
 -- The local retry queue, with SQS semantics: a received message is invisible until
@@ -109,3 +33,44 @@ CREATE INDEX IF NOT EXISTS idx_batchrun_queue_visible ON batchrun_queue (dead, v
 -- name: migrate_0014_queue_receipt_index
 -- unless: index batchrun_queue.idx_batchrun_queue_receipt
 CREATE INDEX IF NOT EXISTS idx_batchrun_queue_receipt ON batchrun_queue (receipt);
+-- name: migrate_0015_ledger
+-- unless: table batchrun_ledger
+-- The ledger (see common/ledger.sql): one row per (job, once_per period, entity).
+CREATE TABLE IF NOT EXISTS batchrun_ledger (
+  job TEXT NOT NULL,
+  once_key TEXT NOT NULL,
+  entity_id INTEGER NOT NULL,
+  period TEXT NOT NULL,
+  state INTEGER NOT NULL DEFAULT 0,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  owner TEXT NULL,
+  lease_until INTEGER NULL,
+  queued INTEGER NOT NULL DEFAULT 0,
+  last_error TEXT NULL,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (job, once_key, entity_id)
+) WITHOUT ROWID;
+
+-- name: migrate_0016_ledger_period_index
+-- unless: index batchrun_ledger.idx_batchrun_ledger_period_state
+CREATE INDEX IF NOT EXISTS idx_batchrun_ledger_period_state ON batchrun_ledger (job, period, state);
+
+-- name: migrate_0017_ledger_owner_index
+-- unless: index batchrun_ledger.idx_batchrun_ledger_owner
+CREATE INDEX IF NOT EXISTS idx_batchrun_ledger_owner ON batchrun_ledger (owner);
+
+-- name: migrate_0018_ledger_unqueued_index
+-- unless: index batchrun_ledger.idx_batchrun_ledger_unqueued
+CREATE INDEX IF NOT EXISTS idx_batchrun_ledger_unqueued ON batchrun_ledger (state, queued);
+
+-- name: migrate_0019_ledger_from_task
+-- unless: recorded
+-- unless: missing batchrun_task
+-- Upgrade in place: the rows of the birthday-only ledger of batchrun 0.1 (batchrun_task,
+-- keyed by job, year, user) become ledger rows keyed by the year; the old table stays.
+INSERT OR IGNORE INTO batchrun_ledger
+  (job, once_key, entity_id, period, state, attempts, owner, lease_until, queued,
+   last_error, updated_at)
+SELECT job, printf('%04d', year), user_id, printf('%04d-%02d', year, month),
+  state, attempts, owner, lease_until, queued, last_error, updated_at
+FROM batchrun_task;

@@ -3,7 +3,7 @@
 -- runs overlap. A row also ignored for a gift_code collision is retried with a fresh code.
 INSERT IGNORE INTO gift_card
   (recipient_email, message, status, scheduled_at, gift_code, idempotency_key)
-VALUES :rows*;
+VALUES :rows;
 
 -- name: cards_by_key
-SELECT idempotency_key, gift_code FROM gift_card WHERE idempotency_key IN :keys*;
+SELECT idempotency_key, gift_code FROM gift_card WHERE idempotency_key IN :keys;

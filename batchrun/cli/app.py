@@ -1,0 +1,201 @@
+"""The typer app, its global options, and what every command shares: settings, the jobs,
+the runtime, and turning a BatchrunError into one line and its exit code.
+
+This is the only place that catches BatchrunError: one clear line on stderr, no traceback
+unless -v. Exit codes: 0 done, 3 some entities queued for retry, 1 fatal, 2 usage,
+130 stopped by a signal (the rest left pending for the next run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import typer
+from rich.console import Console
+from rich.logging import RichHandler
+
+from batchrun.backends import Backends
+from batchrun.engine import StopToken
+from batchrun.errors import BatchrunError, ConfigError
+from batchrun.period import Period, Unit, current, parse
+from batchrun.registry import Registry, discover, parse_specs
+from batchrun.runtime import Runtime
+from batchrun.settings import Settings, parse_rate
+from batchrun.urls import mask_text
+
+log = logging.getLogger("batchrun")
+
+app = typer.Typer(
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=True,
+    add_completion=False,
+    help="Run per-entity batch jobs against your own database: exactly once, resumable, fast.",
+)
+db_app = typer.Typer(
+    no_args_is_help=True, help="Create the schema, add demo users, show the page query's plan."
+)
+app.add_typer(db_app, name="db")
+
+stdout = Console()
+stderr = Console(stderr=True)
+
+
+@dataclass
+class Context:
+    settings: Settings
+    verbose: int
+    _registry: Registry | None = None
+
+    @property
+    def registry(self) -> Registry:
+        """The jobs: built-in, ``--jobs`` and the ``batchrun.jobs`` entry points (loaded once)."""
+        if self._registry is None:
+            self._registry = discover(parse_specs(self.settings.jobs))
+        return self._registry
+
+    def runtime(self, backends: Backends, stop: StopToken | None = None) -> Runtime:
+        registry = self.registry
+        return Runtime(
+            {name: entry.job for name, entry in registry.items()},
+            backends.store,
+            backends.mailer,
+            backends.queue,
+            self.settings,
+            stop=stop,
+            templates_dirs={name: entry.templates_dir for name, entry in registry.items()},
+        )
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            envvar="BATCHRUN_DB",
+            show_default="sqlite:///batchrun.db",
+            help="mysql://user:pass@host:port/db or sqlite:///path",
+        ),
+    ] = None,
+    mail: Annotated[
+        str | None,
+        typer.Option(
+            "--mail",
+            envvar="BATCHRUN_MAIL",
+            show_default="file://outbox",
+            help="smtp://host:port (smtps://, ?starttls=1), ses://REGION, file://DIR, "
+            "console://, discard://",
+        ),
+    ] = None,
+    retry_queue: Annotated[
+        str | None,
+        typer.Option(
+            "--retry-queue",
+            envvar="BATCHRUN_RETRY_QUEUE",
+            show_default="a queue table in the --db database",
+            help="Where failed entities wait for `batchrun retry` (an SQS queue URL).",
+        ),
+    ] = None,
+    sender: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            envvar="BATCHRUN_FROM",
+            show_default="birthday@localhost",
+            help="Sender address.",
+        ),
+    ] = None,
+    jobs: Annotated[
+        str | None,
+        typer.Option(
+            "--jobs",
+            envvar="BATCHRUN_JOBS",
+            metavar="SPEC[,SPEC…]",
+            show_default="the built-in jobs",
+            help="Modules or .py files defining jobs (subclasses of batchrun.Job).",
+        ),
+    ] = None,
+    templates: Annotated[
+        str | None,
+        typer.Option(
+            "--templates",
+            envvar="BATCHRUN_TEMPLATES",
+            metavar="DIR",
+            show_default="each job's own",
+            help="Email templates (JOB/subject.txt, body.txt, body.html) that override the jobs'.",
+        ),
+    ] = None,
+    verbose: Annotated[
+        int, typer.Option("--verbose", "-v", count=True, help="More logging; tracebacks.")
+    ] = 0,
+) -> None:
+    """batchrun: per-entity batch jobs on your own database (the birthday gift card first)."""
+    try:
+        settings = Settings.from_env().with_overrides(
+            db_url=db,
+            mail_url=mail,
+            retry_queue_url=retry_queue,
+            sender=sender,
+            jobs=jobs,
+            templates_dir=templates,
+        )
+    except BatchrunError as exc:
+        stderr.print(f"[red]error:[/] {exc}", highlight=False)
+        raise typer.Exit(exc.exit_code) from None
+    ctx.obj = Context(settings, verbose)
+    _setup_logging(verbose)
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    root = logging.getLogger()
+    if not any(isinstance(h, RichHandler) for h in root.handlers):
+        root.addHandler(RichHandler(console=stderr, show_path=False, markup=False))
+    root.setLevel(level)
+    # botocore's DEBUG records carry signed request headers (keys, session tokens): the
+    # AWS libraries never log below INFO, whatever -v asks for.
+    for name in ("botocore", "aiobotocore", "boto3", "urllib3"):
+        logging.getLogger(name).setLevel(max(level, logging.INFO))
+
+
+def period_option(unit: Unit, value: str | None, hint: str) -> Period:
+    """The period ``value`` names (default: the current one, UTC); exit 2 when malformed."""
+    if value is None:
+        return current(unit)
+    try:
+        return parse(unit, value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
+
+
+def rate_option(value: str | None) -> float | Literal["auto"] | None:
+    if value is None:
+        return None
+    try:
+        return parse_rate(value)
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--rate") from None
+
+
+def run_command(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]) -> None:
+    """Run a command's coroutine; turn a BatchrunError into one line and its exit code."""
+    context: Context = ctx.obj
+    try:
+        code = asyncio.run(make())
+    except BatchrunError as exc:
+        if context.verbose:
+            stderr.print_exception()
+        settings = context.settings
+        text = mask_text(str(exc), settings.db_url, settings.mail_url, settings.retry_queue_url)
+        stderr.print(f"[red]error:[/] {text}", highlight=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        stderr.print("[red]aborted[/]")
+        raise typer.Exit(130) from None
+    raise typer.Exit(code)

@@ -1,0 +1,81 @@
+"""``batchrun db``: the schema (batchrun's and every job's), demo users, the page's plan."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from batchrun.backends import open_backends
+from batchrun.cli.app import Context, db_app, period_option, run_command, stderr, stdout
+from batchrun.errors import DatabaseError
+from batchrun.jobs.birthday import demo
+
+
+@db_app.command("migrate")
+def db_migrate(ctx: typer.Context) -> None:
+    """Create or upgrade the schema: batchrun's tables, then each job's own steps.
+
+    Idempotent, and never drops application data.
+    """
+    context: Context = ctx.obj
+
+    async def go() -> int:
+        jobs = [entry.job for entry in context.registry.values()]
+        async with open_backends(context.settings, create=True, migrated=False) as backends:
+            store = backends.store
+            applied = await store.migrate(jobs)
+        if applied:
+            stderr.print(f"migrated {store.db.url}: {', '.join(applied)}", highlight=False)
+        else:
+            stderr.print(f"{store.db.url} is up to date", highlight=False)
+        return 0
+
+    run_command(ctx, go)
+
+
+@db_app.command("seed")
+def db_seed(
+    ctx: typer.Context,
+    users: Annotated[int, typer.Option("--users", min=1, help="How many demo users to add.")],
+    seed: Annotated[int, typer.Option("--seed", help="Random seed: same seed, same users.")] = 1,
+    force: Annotated[
+        bool, typer.Option("--force", help="Add users even if the user table is not empty.")
+    ] = False,
+) -> None:
+    """Add deterministic demo users for the birthday job (a few inactive, a few without or
+    with invalid addresses)."""
+    context: Context = ctx.obj
+
+    async def go() -> int:
+        async with open_backends(context.settings) as backends:
+            store = backends.store
+            try:
+                count = await demo.seed_users(store.jobdb, users, seed=seed, force=force)
+            except demo.NotEmptyError as exc:
+                raise DatabaseError(str(exc)) from None
+        stderr.print(f"added {count} users to {store.db.url}", highlight=False)
+        return 0
+
+    run_command(ctx, go)
+
+
+@db_app.command("explain")
+def db_explain(
+    ctx: typer.Context,
+    month: Annotated[str | None, typer.Option("--month", help="YYYY-MM")] = None,
+) -> None:
+    """Show the birthday page query's plan, to check it uses idx_user_birth_month_status_id."""
+    context: Context = ctx.obj
+    which = period_option("month", month, "--month")
+
+    async def go() -> int:
+        async with open_backends(context.settings) as backends:
+            rows = await demo.explain(backends.store.jobdb, which)
+        for row in rows:
+            stdout.print(
+                " | ".join("" if v is None else str(v) for v in row.values()), highlight=False
+            )
+        return 0
+
+    run_command(ctx, go)

@@ -1,0 +1,293 @@
+"""Commands that run jobs: ``birthday``, ``run``, ``jobs``, ``submit``, ``preview``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from batchrun import engine
+from batchrun.backends import open_backends, open_queue
+from batchrun.cli.app import Context, app, period_option, rate_option, run_command, stderr, stdout
+from batchrun.cli.output import progress_bar, table
+from batchrun.errors import UsageError
+from batchrun.period import Period
+from batchrun.period import parse as parse_period
+from batchrun.runtime import Options
+
+Concurrency = Annotated[
+    int, typer.Option("--concurrency", min=1, help="Entities worked on at once.")
+]
+Rate = Annotated[
+    str | None,
+    typer.Option(
+        "--rate",
+        help="Effects (emails) per second at most, or 'auto' for the provider's own limit "
+        "(SES). On throttling the rate halves, then grows back (AIMD). Default: no cap.",
+    ),
+]
+DryRun = Annotated[
+    bool, typer.Option("--dry-run", help="Show what would happen; write and send nothing.")
+]
+PageSize = Annotated[
+    int, typer.Option("--page-size", min=1, max=5000, help="Entities read per page.")
+]
+Limit = Annotated[int | None, typer.Option("--limit", min=1, help="Stop after this many entities.")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON summary on stdout.")]
+FanOutQueue = Annotated[
+    str | None,
+    typer.Option(
+        "--fan-out",
+        metavar="QUEUE_URL",
+        help="Do not work: queue the period's unfinished entities as id ranges (shards) on "
+        "this queue, for `batchrun worker` processes or the SQS-triggered Lambda.",
+    ),
+]
+ShardSize = Annotated[
+    int, typer.Option("--shard-size", min=1, help="Entities per shard with --fan-out.")
+]
+
+
+@app.command("birthday")
+def birthday(
+    ctx: typer.Context,
+    month: Annotated[
+        str | None, typer.Option("--month", help="YYYY-MM; default: the current month (UTC).")
+    ] = None,
+    dry_run: DryRun = False,
+    concurrency: Concurrency = 20,
+    rate: Rate = None,
+    page_size: PageSize = 500,
+    limit: Limit = None,
+    as_json: Json = False,
+    fan_out: FanOutQueue = None,
+    shard_size: ShardSize = 1000,
+) -> None:
+    """Give every active user born in MONTH one gift card for the year and one birthday email.
+
+    The same as `batchrun run birthday --period MONTH`. Running the same month again does
+    nothing new. Exit 0 when every user is done, 3 when some failed and wait in the retry
+    queue (run `batchrun retry`).
+    """
+    which = period_option("month", month, "--month")
+    pace = rate_option(rate)
+    options = Options(concurrency=concurrency, rate=pace, page_size=page_size, limit=limit)
+    _run_job(ctx, "birthday", which, options, dry_run, as_json, fan_out, shard_size)
+
+
+@app.command("run")
+def run(
+    ctx: typer.Context,
+    job: Annotated[str, typer.Argument(help="The job's name (see `batchrun jobs`).")],
+    period: Annotated[
+        str | None,
+        typer.Option(
+            "--period", help="2025, 2025-06 or 2025-06-01, by the job's period; default: now (UTC)."
+        ),
+    ] = None,
+    dry_run: DryRun = False,
+    concurrency: Concurrency = 20,
+    rate: Rate = None,
+    page_size: PageSize = 500,
+    limit: Limit = None,
+    as_json: Json = False,
+    fan_out: FanOutQueue = None,
+    shard_size: ShardSize = 1000,
+) -> None:
+    """Run JOB for one period: every entity its page returns, exactly once per its once_per.
+
+    Exit 0 when every entity is done, 3 when some failed and wait in the retry queue.
+    """
+    pace = rate_option(rate)
+    options = Options(concurrency=concurrency, rate=pace, page_size=page_size, limit=limit)
+    _run_job(ctx, job, period, options, dry_run, as_json, fan_out, shard_size)
+
+
+def _period_of(context: Context, name: str, period: Period | str | None) -> Period:
+    if isinstance(period, Period):
+        return period
+    job = context.registry.get_job(name)
+    return period_option(job.period, period, "--period")
+
+
+def _run_job(
+    ctx: typer.Context,
+    name: str,
+    period: Period | str | None,
+    options: Options,
+    dry_run: bool,
+    as_json: bool,
+    fan_out: str | None,
+    shard_size: int,
+) -> None:
+    context: Context = ctx.obj
+    settings = context.settings
+
+    async def go() -> int:
+        entry = context.registry.entry(name)
+        which = _period_of(context, name, period)
+        if fan_out is not None:
+            return await _fan_out(context, name, which, fan_out, shard_size, as_json)
+        stop = engine.StopToken()
+        uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
+        try:
+            async with open_backends(
+                settings,
+                mail=not dry_run,
+                queue=not dry_run,
+                concurrency=options.concurrency,
+                jobs=[entry.job],
+            ) as backends:
+                runtime = context.runtime(backends, stop)
+                with progress_bar(as_json, f"{name} {which}") as bar:
+                    if bar is not None:
+                        counts = await runtime.status(name, which, problems=0)
+                        pending = counts.get("pending")
+                        if pending is not None and options.limit is not None:
+                            pending = min(options.limit, pending)
+                        bar.set_total(pending)
+                        options.on_progress = bar.advance
+                    summary = await runtime.run(which, options, job=name, dry_run=dry_run)
+        finally:
+            uninstall()
+        data = summary.to_json()
+        if as_json:
+            print(json.dumps(data))
+        else:
+            table(f"{name} {which}" + (" (dry run)" if dry_run else ""), data)
+            if summary.exit_code == 3:
+                stderr.print("some entities wait in the retry queue: run `batchrun retry` later")
+        if summary.lost_claims:
+            stderr.print(
+                f"{summary.lost_claims} claims were taken over by another run while this one "
+                "could not renew them; that run does them",
+                highlight=False,
+            )
+        if stop.stopping and summary.stopped and not summary.stopped.startswith("mail"):
+            stderr.print(
+                f"stopped ({summary.stopped}); {summary.left_pending} entities left "
+                "pending for the next run",
+                highlight=False,
+            )
+            return 130
+        return summary.exit_code
+
+    run_command(ctx, go)
+
+
+async def _fan_out(
+    context: Context, name: str, which: Period, queue_url: str, shard_size: int, as_json: bool
+) -> int:
+    settings = context.settings
+    entry = context.registry.entry(name)
+    async with open_backends(settings, jobs=[entry.job]) as backends:
+        queue = await open_queue(settings, queue_url, backends.store, concurrency=4)
+        try:
+            result = await context.runtime(backends).fan_out(
+                which, queue, shard_size=shard_size, job=name
+            )
+        finally:
+            await queue.close()
+    if as_json:
+        print(json.dumps(result.to_json()))
+    else:
+        table(f"{name} {which} fan-out to {queue.url}", result.to_json())
+    return 0
+
+
+@app.command("jobs")
+def jobs(ctx: typer.Context, as_json: Json = False) -> None:
+    """List the jobs batchrun knows: built-in, --jobs and the batchrun.jobs entry points."""
+    context: Context = ctx.obj
+
+    async def go() -> int:
+        described = context.registry.describe()
+        if as_json:
+            print(json.dumps(described))
+            return 0
+        from rich.table import Table
+
+        out = Table("job", "period", "once per", "description", "source")
+        for job in described:
+            out.add_row(
+                job["name"], job["period"], job["once_per"], job["description"], job["source"]
+            )
+        stdout.print(out)
+        return 0
+
+    run_command(ctx, go)
+
+
+@app.command("submit")
+def submit(
+    ctx: typer.Context,
+    job: Annotated[str, typer.Argument(help="The job's name.")],
+    period: Annotated[str, typer.Option("--period", help="The job's period, e.g. 2025-06.")],
+    ids: Annotated[list[int], typer.Option("--id", min=1, help="An entity id; repeat for more.")],
+    as_json: Json = False,
+) -> None:
+    """Queue one task per entity for the queue consumers (`retry`, `worker`, the Lambda).
+
+    Two tasks for one entity never run at once, and an entity is done at most once per
+    period: a second submit of a finished entity does nothing.
+    """
+    context: Context = ctx.obj
+    settings = context.settings
+
+    async def go() -> int:
+        entry = context.registry.entry(job)
+        try:
+            which = parse_period(entry.job.period, period)
+        except ValueError as exc:
+            raise UsageError(f"--period: {exc}") from None
+        async with open_backends(settings, queue=True, jobs=[entry.job]) as backends:
+            queued = await context.runtime(backends).submit(job, which, ids)
+        data = {"job": job, "period": str(which), "queued": queued}
+        if as_json:
+            print(json.dumps(data))
+        else:
+            stderr.print(f"queued {queued} {job} tasks for {which}", highlight=False)
+        return 0
+
+    run_command(ctx, go)
+
+
+@app.command("preview")
+def preview(
+    ctx: typer.Context,
+    job: Annotated[str, typer.Argument(help="The job's name.")],
+    entity: Annotated[int, typer.Option("--id", min=1, help="The entity to render for.")],
+    period: Annotated[
+        str | None, typer.Option("--period", help="The job's period; default: now (UTC).")
+    ] = None,
+    html: Annotated[
+        Path | None, typer.Option("--html", metavar="FILE", help="Also write the HTML part here.")
+    ] = None,
+) -> None:
+    """Print the email JOB would send to entity ID, rendered from its templates.
+
+    Nothing is claimed, written or sent: iterate on a template's copy with it.
+    """
+    context: Context = ctx.obj
+    settings = context.settings
+
+    async def go() -> int:
+        which = _period_of(context, job, period)
+        entry = context.registry.entry(job)
+        async with open_backends(settings, jobs=[entry.job]) as backends:
+            message = await context.runtime(backends).preview(job, which, entity)
+        parsed = message.to_email()
+        for header in ("From", "To", "Subject", "Message-ID"):
+            print(f"{header}: {parsed[header]}")
+        print()
+        text = parsed.get_body(("plain",))
+        print(text.get_content() if text is not None else "")
+        if html is not None:
+            html.write_text(message.html, encoding="utf-8")
+            stderr.print(f"HTML part written to {html}", highlight=False)
+        return 0
+
+    run_command(ctx, go)

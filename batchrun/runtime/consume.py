@@ -1,0 +1,254 @@
+"""Queue consumers: retries, submitted tasks, continuations and shards, with their verdicts.
+
+The same processing serves ``batchrun retry`` (drain once), ``batchrun worker`` (until
+SIGTERM) and the SQS-triggered Lambda (its batchItemFailures). Each retry or task message
+names one entity: it is re-checked through the job's page (an entity the page no longer
+returns is skipped, "not eligible any more"), claimed like any other, and worked by the
+same ``Worker``. Counted in entities, not messages: a second message for an entity in the
+same batch, or one for an entity already finished, is deleted without work.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal
+
+from batchrun.db.store import FINAL_STATES, Claim, Scope, State
+from batchrun.engine import Runner
+from batchrun.job import Context, Job
+from batchrun.period import Period
+from batchrun.period import parse as parse_period
+from batchrun.queue.base import PoisonMessage, QueueMessage, Received, backoff_s
+from batchrun.ratelimit import AdaptiveRate
+from batchrun.runtime.lease import Lease
+from batchrun.runtime.outcomes import Outcome
+from batchrun.runtime.pager import recheck
+from batchrun.runtime.recorder import Item, Recorder
+from batchrun.runtime.reports import Summary
+from batchrun.runtime.run import Options, run_period
+from batchrun.runtime.sending import BREAKER_REASON, Sender
+from batchrun.runtime.work import Worker
+
+if TYPE_CHECKING:
+    from batchrun.runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
+NOT_ELIGIBLE = "not eligible any more"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What to do with one received queue message after working on it."""
+
+    action: Literal["delete", "later", "dead", "poison"]
+    reason: str = ""
+    delay_s: float = 0.0
+    outcome: State | None = None  # the entity's outcome, when the message named one
+    summary: Summary | None = None  # the run a continuation or shard message started
+    counted: bool = True  # False for a second message naming an entity already counted
+
+
+async def process(
+    rt: Runtime, items: Sequence[Received], options: Options
+) -> tuple[dict[str, Verdict], bool]:
+    """Work on received messages; say what to do with each (by message id), and whether
+    the mail backend was found unreachable (the breaker opened)."""
+    verdicts: dict[str, Verdict] = {}
+    groups: dict[tuple[str, str], list[tuple[Received, QueueMessage]]] = {}
+    broken = False
+    units = {name: job.period for name, job in rt.jobs.items()}
+    for item in items:
+        try:
+            message = QueueMessage.from_json(item.body, units)
+        except PoisonMessage as exc:
+            log.error("poison message %s: %s", item.message_id, exc)
+            verdicts[item.message_id] = Verdict("poison", f"poison: {exc}")
+            continue
+        job = rt.jobs[message.job]
+        period = parse_period(job.period, message.period)
+        if message.kind in ("continuation", "shard"):
+            log.info(
+                "%s of %s %s: ids (%d, %d]",
+                message.kind,
+                message.job,
+                message.period,
+                message.after_id,
+                message.until_id,
+            )
+            run_options = replace(options, breaker_handoff=False)
+            if message.limit is not None:
+                run_options = replace(run_options, limit=message.limit)
+            summary = await run_period(
+                rt, job, period, run_options, after=message.after_id, until=message.until_id
+            )
+            if summary.stopped == BREAKER_REASON:
+                # What it claimed is queued for retry; the rest of the range waits in this
+                # same message for a later delivery.
+                broken = True
+                delay = max(
+                    rt.settings.lease_s,
+                    backoff_s(
+                        item.receive_count,
+                        base_s=rt.settings.retry_base_s,
+                        max_s=rt.settings.retry_max_backoff_s,
+                    ),
+                )
+                verdicts[item.message_id] = Verdict(
+                    "later", BREAKER_REASON, delay_s=delay, summary=summary
+                )
+            else:
+                verdicts[item.message_id] = Verdict("delete", summary=summary)
+            continue
+        groups.setdefault((message.job, message.period), []).append((item, message))
+    for (name, text), entries in groups.items():
+        job = rt.jobs[name]
+        found, opened = await _entities(rt, job, parse_period(job.period, text), entries, options)
+        verdicts.update(found)
+        broken = broken or opened
+    return verdicts, broken
+
+
+async def _entities(
+    rt: Runtime,
+    job: Job,
+    period: Period,
+    entries: list[tuple[Received, QueueMessage]],
+    options: Options,
+) -> tuple[dict[str, Verdict], bool]:
+    """Redo the entities the messages name; one verdict per message."""
+    stop = rt.stop.child()
+    try:
+        async with Lease(rt.store, lease_s=rt.settings.lease_s, stop=stop) as lease:
+            limiter = await rt.retry_limiter(options)
+            sender = Sender(
+                rt.mailer,
+                rt.settings,
+                summary=None,
+                lease=lease,
+                stop=stop,
+                limiter=limiter,
+                templates=rt.templates(job),
+            )
+            ctx = Context(job, period, rt.store.jobdb, sender, env=rt.settings.environ)
+            scope = Scope(job.name, str(ctx.once), str(period))
+            outcomes, claims, lost = await _work(
+                rt, job, ctx, scope, lease, limiter, entries, options
+            )
+            opened = rt.breaker.open
+    finally:
+        stop.detach()
+    verdicts: dict[str, Verdict] = {}
+    seen: set[int] = set()
+    for received, message in entries:
+        uid = message.entity_id
+        if uid in seen:
+            verdicts[received.message_id] = Verdict("delete", counted=False)  # a duplicate
+            continue
+        seen.add(uid)
+        verdicts[received.message_id] = _verdict(
+            rt, outcomes.get(uid), claims.get(uid), lost=uid in lost
+        )
+    return verdicts, opened
+
+
+async def _work(
+    rt: Runtime,
+    job: Job,
+    ctx: Context,
+    scope: Scope,
+    lease: Lease,
+    limiter: AdaptiveRate | None,
+    entries: list[tuple[Received, QueueMessage]],
+    options: Options,
+) -> tuple[dict[int, Outcome], dict[int, Claim], set[int]]:
+    assert rt.queue is not None
+    ids = sorted({m.entity_id for _, m in entries})
+    before = await rt.store.claims_of(scope, ids)
+    todo = [uid for uid in ids if (c := before.get(uid)) is None or c.state not in FINAL_STATES]
+    claims = dict(before)
+    if not todo:
+        return {}, claims, set()
+    claims.update(await lease.claim(scope, todo, [u for u in todo if u not in before]))
+    mine = [u for u in todo if claims[u].owner == lease.me and claims[u].state not in FINAL_STATES]
+    outcomes: dict[int, Outcome] = {}
+    recorder = Recorder(rt.store, rt.queue, lease, summary=None, enqueue=False)
+    items: list[Item] = []
+    gone: list[Item] = []
+    for uid in mine:
+        claim = claims[uid]
+        row = await recheck(job, ctx, uid)
+        item = Item(scope, uid, row or {}, claim.attempts, claim.queued)
+        (items if row is not None else gone).append(item)
+    try:
+        for item in gone:  # deleted, deactivated, no longer selected: nothing to do
+            outcomes[item.id] = Outcome(State.SKIPPED, NOT_ELIGIBLE)
+            await recorder.record(item, outcomes[item.id])
+        if items:
+            await job.prepare(ctx, [i.row for i in items])
+        worker = _worker(rt, job, ctx, lease, recorder, limiter, outcomes)
+        runner: Runner[Item] = Runner(
+            concurrency=options.concurrency,
+            stop=lease.stop,
+            grace_s=options.grace_s,
+            on_progress=options.on_progress,
+        )
+        result = await runner.run(_iterate(items), worker.work)
+    finally:
+        await recorder.close()
+    leftover = [i.id for i in [*result.not_started, *result.cancelled, *worker.unstarted]]
+    await rt.store.release(scope, ids=leftover, me=lease.me)
+    lease.let_go(scope, leftover)
+    return outcomes, claims, {i.id for i in worker.lost}
+
+
+def _worker(
+    rt: Runtime,
+    job: Job,
+    ctx: Context,
+    lease: Lease,
+    recorder: Recorder,
+    limiter: AdaptiveRate | None,
+    outcomes: dict[int, Outcome],
+) -> Worker:
+    assert rt.queue is not None
+
+    def note(item: Item, outcome: Outcome) -> None:
+        outcomes[item.id] = outcome
+
+    return Worker(
+        job,
+        ctx,
+        lease=lease,
+        recorder=recorder,
+        breaker=rt.breaker,
+        stop=lease.stop,
+        limiter=limiter,
+        give_up_after=rt.queue.max_receives,
+        on_outcome=note,
+    )
+
+
+def _verdict(rt: Runtime, outcome: Outcome | None, claim: Claim | None, *, lost: bool) -> Verdict:
+    if outcome is None:
+        if claim is not None and claim.state in FINAL_STATES and not lost:
+            return Verdict("delete", counted=False)  # finished meanwhile: nothing to do
+        # Another live run holds the entity, or we stopped first: look again later.
+        return Verdict("later", delay_s=rt.settings.lease_s, counted=False)
+    if outcome.state in (State.SENT, State.SKIPPED):
+        return Verdict("delete", outcome=outcome.state)
+    if outcome.state is State.FAILED:
+        return Verdict("dead", outcome.reason or "failed", outcome=State.FAILED)
+    attempts = (claim.attempts if claim else 0) + 1
+    delay = outcome.delay_s
+    if delay is None:
+        delay = backoff_s(
+            attempts, base_s=rt.settings.retry_base_s, max_s=rt.settings.retry_max_backoff_s
+        )
+    return Verdict("later", outcome.reason or "", delay_s=delay, outcome=State.RETRYING)
+
+
+async def _iterate(items: Sequence[Item]) -> AsyncIterator[Item]:
+    for item in items:
+        yield item

@@ -1,0 +1,57 @@
+"""The fan-out producer: a period's unfinished entities as id ranges (shards) on a queue."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from batchrun.job import Context, Job
+from batchrun.period import Period
+from batchrun.queue.base import QueueMessage, RetryQueue
+from batchrun.runtime.pager import page, unfinished
+from batchrun.runtime.reports import FanOut
+from batchrun.runtime.run import scope_of
+from batchrun.runtime.sending import Sender
+
+if TYPE_CHECKING:
+    from batchrun.runtime.runtime import Runtime
+
+SEND_BATCH = 10  # SQS's SendMessageBatch limit
+
+
+async def fan_out(
+    rt: Runtime, job: Job, period: Period, queue: RetryQueue, *, shard_size: int
+) -> FanOut:
+    """Walk the job's pages (reads only) and queue ranges of ``shard_size`` unfinished
+    entities; consumers work each range like a run."""
+    started = time.monotonic()
+    result = FanOut(job.name, str(period), month=str(period) if period.unit == "month" else None)
+    sender = Sender(
+        None, rt.settings, summary=None, lease=None, stop=rt.stop, limiter=None, templates=None
+    )
+    ctx = Context(job, period, rt.store.jobdb, sender, dry_run=True, env=rt.settings.environ)
+    scope = scope_of(ctx)
+    after = cursor = 0
+    batch: list[str] = []
+    count = 0
+    while True:
+        rows = await page(job, ctx, cursor, min(shard_size - count, 1000) or shard_size)
+        if rows:
+            cursor = rows[-1]["id"]
+            count += len(unfinished(rows, await rt.store.claims_of(scope, [r["id"] for r in rows])))
+        if count >= shard_size or (not rows and count):
+            batch.append(
+                QueueMessage(
+                    "shard", job.name, str(period), after_id=after, until_id=cursor
+                ).to_json()
+            )
+            result.users += count
+            after, count = cursor, 0
+        if len(batch) == SEND_BATCH or (not rows and batch):
+            await queue.send(batch)
+            result.shards += len(batch)
+            batch = []
+        if not rows:
+            break
+    result.duration_s = time.monotonic() - started
+    return result

@@ -1,0 +1,114 @@
+"""How one entity ended: what ``process`` returned or raised, classified into a ledger state.
+
+    returned                                 -> SENT (succeeded)
+    Skip                                     -> SKIPPED, never retried
+    Fail, SMTP 5xx for the recipient,        -> FAILED, dead-lettered
+      SES MessageRejected, HTTP 4xx (other)
+    Retry, SMTP 4xx, timeouts, dropped       -> RETRYING, queued for retry
+      connections, HTTP 408/429/5xx,
+      httpx transport errors, anything else
+
+Connection-level failures (the mail backend or an HTTP peer refusing, timing out or
+dropping) also feed the circuit breaker; throttling (SES, SMTP 454, HTTP 429) also slows
+the adaptive rate.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+
+from batchrun.db.store import State
+from batchrun.errors import (
+    BatchrunError,
+    MailConnectionError,
+    PermanentMailError,
+    TemporaryMailError,
+    ThrottledError,
+)
+from batchrun.job import Fail, Retry, Skip
+from batchrun.urls import mask_url
+
+MAX_REASON = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One entity's end: its ledger state, why, and a retry delay the job asked for."""
+
+    state: State
+    reason: str | None = None
+    delay_s: float | None = None
+    connection: bool = False  # a connection-level failure: feeds the circuit breaker
+    throttled: bool = False  # the peer asked to slow down: slows the adaptive rate
+
+
+SUCCEEDED = Outcome(State.SENT)
+
+
+def classify(exc: BaseException) -> Outcome:
+    """The outcome of an exception that escaped ``process``."""
+    if isinstance(exc, Skip):
+        return Outcome(State.SKIPPED, _short(exc.reason))
+    if isinstance(exc, Retry):
+        return Outcome(State.RETRYING, _short(exc.reason), exc.delay_s)
+    if isinstance(exc, Fail):
+        return Outcome(State.FAILED, _short(exc.reason))
+    if isinstance(exc, ThrottledError):
+        return Outcome(State.RETRYING, _short(exc.reason), exc.retry_after_s, throttled=True)
+    if isinstance(exc, PermanentMailError):
+        return Outcome(State.FAILED, _short(exc.reason))
+    if isinstance(exc, MailConnectionError):
+        return Outcome(State.RETRYING, _short(exc.reason), connection=True)
+    if isinstance(exc, TemporaryMailError):
+        return Outcome(State.RETRYING, _short(exc.reason))
+    http = _http_outcome(exc)
+    if http is not None:
+        return http
+    if isinstance(exc, BatchrunError):
+        return Outcome(State.RETRYING, _short(str(exc)))
+    return Outcome(State.RETRYING, _short(f"{type(exc).__name__}: {exc}"))
+
+
+def _http_outcome(exc: BaseException) -> Outcome | None:
+    """httpx's errors, without importing httpx where no job uses it."""
+    httpx = sys.modules.get("httpx")
+    if httpx is None:
+        return None
+    if isinstance(exc, httpx.HTTPStatusError):
+        response = exc.response
+        status = response.status_code
+        reason = _short(f"HTTP {status} from {mask_url(str(exc.request.url))}")
+        if status == 429:
+            delay = retry_after_s(response.headers.get("retry-after"))
+            return Outcome(State.RETRYING, reason, delay, throttled=True)
+        if status == 408 or status >= 500:
+            return Outcome(State.RETRYING, reason)
+        return Outcome(State.FAILED, reason)
+    if isinstance(exc, httpx.TimeoutException | httpx.NetworkError | httpx.RemoteProtocolError):
+        return Outcome(State.RETRYING, _short(f"{type(exc).__name__}: {exc}"), connection=True)
+    if isinstance(exc, httpx.HTTPError):
+        return Outcome(State.RETRYING, _short(f"{type(exc).__name__}: {exc}"))
+    return None
+
+
+def retry_after_s(value: str | None) -> float | None:
+    """An HTTP ``Retry-After`` value (seconds, or an HTTP date) in seconds, if usable."""
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    from datetime import UTC, datetime
+
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def _short(text: str) -> str:
+    return mask_url(text)[:MAX_REASON]

@@ -1,0 +1,171 @@
+"""The entity source of a run: the job's keyset pages, claimed; then what other runs held.
+
+batchrun pages on the last id, leaves out entities the ledger says are finished for the
+once_per period, claims the rest and hands the page to ``prepare``. Before the run ends it
+waits for entities other runs hold to finish, or for their claims to expire, and then does
+them itself: so a rerun right after ``kill -9`` completes the period in one invocation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from batchrun.db.store import FINAL_STATES, MAX_ID, Claim, Scope, Store, now_ms
+from batchrun.engine import StopToken
+from batchrun.errors import JobError
+from batchrun.job import Context, Job
+from batchrun.runtime.lease import Lease
+from batchrun.runtime.recorder import Item
+
+
+async def page(job: Job, ctx: Context, after: int, limit: int) -> list[dict[str, Any]]:
+    """``job.page``, checked: rows with an integer ``id`` above ``after``, ascending."""
+    rows = await job.page(ctx, after, limit)
+    last = after
+    for row in rows:
+        entity_id = row.get("id") if isinstance(row, dict) else None
+        if not isinstance(entity_id, int) or isinstance(entity_id, bool):
+            raise JobError(f"job {job.name!r}: page() returned a row without an integer 'id'")
+        if entity_id <= last:
+            raise JobError(
+                f"job {job.name!r}: page(after={after}) returned id {entity_id} after {last}: "
+                "ids must be ascending and above `after`"
+            )
+        last = entity_id
+    if len(rows) > limit:
+        raise JobError(f"job {job.name!r}: page() returned {len(rows)} rows for limit {limit}")
+    return rows
+
+
+async def recheck(job: Job, ctx: Context, entity_id: int) -> dict[str, Any] | None:
+    """The entity's row if the job's page still returns it (still eligible), else None."""
+    rows = await page(job, ctx, entity_id - 1, 1)
+    return rows[0] if rows and rows[0]["id"] == entity_id else None
+
+
+def unfinished(rows: Sequence[dict[str, Any]], ledger: dict[int, Claim]) -> list[dict[str, Any]]:
+    """The rows whose ledger entry (if any) is not final."""
+    return [r for r in rows if (c := ledger.get(r["id"])) is None or c.state not in FINAL_STATES]
+
+
+class Pager:
+    """Yields claimed, prepared entities of (after, until]; remembers where it stopped."""
+
+    def __init__(
+        self,
+        job: Job,
+        ctx: Context,
+        scope: Scope,
+        *,
+        store: Store,
+        lease: Lease,
+        stop: StopToken,
+        page_limit: Callable[[], int],
+        on_claimed: Callable[[int], None],
+        start_after: int = 0,
+        until: int = MAX_ID,
+        poll_s: float = 1.0,
+    ) -> None:
+        self.job = job
+        self.ctx = ctx
+        self.scope = scope
+        self.store = store
+        self.lease = lease
+        self.stop = stop
+        self.page_limit = page_limit
+        self.on_claimed = on_claimed
+        self.cursor = start_after
+        self.until = until
+        self.poll_s = poll_s
+        self.done = False  # every page was read and every foreign claim settled
+        self.foreign: set[int] = set()  # entities other runs hold
+        self.unyielded: deque[Item] = deque()
+
+    async def items(self) -> AsyncIterator[Item]:
+        # A period nobody has started needs no ledger look-up per page (one row read per
+        # entity instead of two); whatever another run does meanwhile, claiming sorts out.
+        fresh = not await self.store.period_started(job=self.scope.job, period=self.scope.period)
+        while not self.stop.stopping:
+            limit = self.page_limit()
+            if limit <= 0:
+                self.done = True
+                return
+            if not await self.lease.fence():
+                return  # stopped while the claims already held could not be renewed
+            rows = await page(self.job, self.ctx, self.cursor, limit)
+            if not rows:
+                break
+            self.cursor = rows[-1]["id"]
+            in_range = [r for r in rows if r["id"] <= self.until]
+            for item in await self._claim_and_prepare(in_range, fresh=fresh):
+                yield item
+            while self.unyielded and not self.stop.stopping:
+                yield self.unyielded.popleft()
+            if len(in_range) < len(rows):
+                break  # past the end of this range
+        else:
+            return
+        async for item in self._foreign():
+            yield item
+        self.done = not self.stop.stopping
+
+    async def _foreign(self) -> AsyncIterator[Item]:
+        """Entities other runs hold: wait until they finish them or their claims expire."""
+        while self.foreign and not self.stop.stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait_stopping(), timeout=self.poll_s)
+            ids = sorted(self.foreign)
+            claims = await self.store.claims_of(self.scope, ids)
+            now = now_ms()
+            takeable = []
+            for uid in ids:
+                claim = claims.get(uid)
+                if claim is None or claim.state in FINAL_STATES:
+                    self.foreign.discard(uid)  # finished (or failed for good) by its owner
+                elif claim.owner is None or (claim.lease_until or 0) < now:
+                    takeable.append(uid)
+            if not takeable:
+                continue
+            self.foreign.difference_update(takeable)
+            rows = [row for uid in takeable if (row := await recheck(self.job, self.ctx, uid))]
+            await self._claim_and_prepare(rows, fresh=False)
+            while self.unyielded and not self.stop.stopping:
+                yield self.unyielded.popleft()
+
+    async def _claim_and_prepare(self, rows: list[dict[str, Any]], *, fresh: bool) -> list[Item]:
+        """Claim the unfinished ``rows``, ``prepare`` them; queue them in ``unyielded``.
+
+        Claimed entities wait in ``unyielded`` until the runner takes them: if the run
+        stops first, it still names them, so they are released or queued, never forgotten.
+        """
+        if not rows:
+            return []
+        ledger: dict[int, Claim] = {}
+        if not fresh:
+            ledger = await self.store.claims_of(self.scope, [r["id"] for r in rows])
+            rows = unfinished(rows, ledger)
+            if not rows:
+                return []
+        ids = [r["id"] for r in rows]
+        claims = await self.lease.claim(self.scope, ids, [i for i in ids if i not in ledger])
+        me = self.lease.me
+        items = []
+        for row in rows:
+            claim = claims.get(row["id"])
+            if claim is None or claim.state in FINAL_STATES:
+                continue
+            if claim.owner == me:
+                items.append(Item(self.scope, row["id"], row, claim.attempts, claim.queued))
+            else:
+                # Held by another owner, live or not: a lease that expired after this claim
+                # was tried is taken over by the wait in _foreign, never dropped.
+                self.foreign.add(row["id"])
+        self.on_claimed(len(items))
+        if items:
+            await self.job.prepare(self.ctx, [i.row for i in items])
+        self.unyielded.extend(items)
+        return []

@@ -1,0 +1,124 @@
+"""What a run, a queue drain and a fan-out report: the contract's JSON summaries."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from batchrun.db.store import State
+
+
+class _Report:
+    """The JSON form every result shares: its fields, the duration rounded to a millisecond."""
+
+    duration_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)  # type: ignore[call-overload]
+        data["duration_s"] = round(self.duration_s, 3)
+        return dict(data)
+
+
+@dataclass
+class Summary(_Report):
+    """The result of one run of a job over a period (or a range of it)."""
+
+    job: str
+    period: str
+    dry_run: bool
+    eligible: int = 0  # entities this run selected (claimed, or counted in a dry run)
+    succeeded: int = 0
+    skipped: int = 0
+    failed: int = 0
+    queued_for_retry: int = 0
+    dead_lettered: int = 0
+    emails_sent: int = 0  # accepted by the mail backend in this run
+    not_queued: int = 0  # temporary failures the retry queue did not take (kept in the ledger)
+    left_pending: int = 0  # claimed but not worked on when the run stopped (released)
+    lost_claims: int = 0  # entities whose claim another run took over (not done by this one)
+    continuation: bool = False  # the rest of the period was handed on through the queue
+    stopped: str | None = None
+    throttles: int = 0  # sends the provider throttled (slowed down and sent again)
+    send_rate: float | None = None  # the pace the adaptive rate settled at (sends/s)
+    send_rate_peak: float | None = None
+    duration_s: float = 0.0
+    counters: dict[str, int] = field(default_factory=dict)  # the job's ctx.count names
+    month: str | None = None  # a month job's period, under the name batchrun 0.1 used
+
+    @property
+    def exit_code(self) -> int:
+        """0 all done; 3 some entities wait for a retry (or could not be queued)."""
+        return 3 if self.queued_for_retry or self.not_queued else 0
+
+    def count(self, name: str, n: int) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    def __getattr__(self, name: str) -> int:
+        """A job's counter as an attribute: ``summary.cards_created``."""
+        counters = self.__dict__.get("counters")
+        if counters is not None and name in counters:
+            return int(counters[name])
+        raise AttributeError(name)
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        counters = data.pop("counters")
+        if data["month"] is None:
+            del data["month"]
+        data.update(counters)
+        return data
+
+
+@dataclass
+class RetrySummary(_Report):
+    """The result of one drain of the queue (or a worker's life): counted in entities."""
+
+    processed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    remaining: int = 0
+    requeued: int = 0  # ledger failures whose retry message was re-sent
+    lost_claims: int = 0
+    duration_s: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return 3 if self.failed else 0
+
+    def add_run(self, summary: Summary) -> None:
+        """Count what a continuation or shard run reached."""
+        self.processed += summary.eligible
+        self.succeeded += summary.succeeded
+        self.failed += summary.failed
+        self.dead_lettered += summary.dead_lettered
+        self.lost_claims += summary.lost_claims
+
+    def add_entity(self, state: State | None) -> None:
+        """Count one entity a retry or task message named, by how it ended."""
+        self.processed += 1
+        if state is State.SENT:
+            self.succeeded += 1
+        elif state is State.RETRYING:
+            self.failed += 1
+        elif state is State.FAILED:
+            self.failed += 1
+            self.dead_lettered += 1
+
+
+@dataclass
+class FanOut(_Report):
+    """What ``--fan-out`` queued."""
+
+    job: str
+    period: str
+    shards: int = 0
+    users: int = 0  # entities, under the name batchrun 0.1 used
+    duration_s: float = 0.0
+    month: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        if data["month"] is None:
+            del data["month"]
+        return data

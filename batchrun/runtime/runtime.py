@@ -1,0 +1,381 @@
+"""The runtime: runs jobs and serves the queue for every registered job, over one set of
+backends. It knows no job; the CLI, the Lambda handler and the tests drive it alike."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from batchrun.db.store import MAX_ID, Scope, Store
+from batchrun.engine import StopToken
+from batchrun.errors import UsageError
+from batchrun.job import Context, Job, Skip
+from batchrun.mail.base import Mailer, Message
+from batchrun.period import Period
+from batchrun.queue.base import QueueMessage, Received, RetryQueue
+from batchrun.ratelimit import AdaptiveRate
+from batchrun.runtime import consume
+from batchrun.runtime.consume import Verdict
+from batchrun.runtime.reports import FanOut, RetrySummary, Summary
+from batchrun.runtime.run import Options, run_period
+from batchrun.runtime.sending import CircuitBreaker, make_limiter
+from batchrun.settings import Settings
+
+if TYPE_CHECKING:
+    from batchrun.templates import Templates
+
+
+class _NoEffects:
+    """The effects of a context that must not act (``status``)."""
+
+    async def send_email(self, ctx: Context, **fields: Any) -> None:
+        raise RuntimeError("no email from here")
+
+    def count(self, name: str, n: int) -> None:
+        pass
+
+
+log = logging.getLogger(__name__)
+
+SEND_BATCH = 10  # SQS's SendMessageBatch limit
+IDLE_POLL_S = 0.5  # a worker's pause between empty receives (SQS long-polls on top)
+OUTAGE_BACKOFF_S = (1.0, 30.0)  # a worker's pause after the mail backend was unreachable
+REQUEUE_EVERY_S = 60.0  # how often a worker re-sends failures the queue did not take
+
+
+class Runtime:
+    """Runs jobs (``run``, ``fan_out``, ``submit``) and consumes the queue (``retry``,
+    ``serve``, ``process``) with the same per-entity pipeline."""
+
+    def __init__(
+        self,
+        jobs: Mapping[str, Job] | Sequence[Job] | Job,
+        store: Store,
+        mailer: Mailer | None,
+        queue: RetryQueue | None,
+        settings: Settings,
+        *,
+        stop: StopToken | None = None,
+        templates_dirs: Mapping[str, Path | None] | None = None,
+    ) -> None:
+        if isinstance(jobs, Job):
+            jobs = [jobs]
+        if not isinstance(jobs, Mapping):
+            jobs = {job.name: job for job in jobs}
+        self.jobs: dict[str, Job] = dict(jobs)
+        self.store = store
+        self.mailer = mailer
+        self.queue = queue
+        self.settings = settings
+        self.stop = stop or StopToken()
+        self._templates_dirs = dict(templates_dirs or {})
+        self._templates: dict[str, Templates] = {}
+        self._retry_limiter: AdaptiveRate | None = None  # one pacer for a whole drain
+        self._retry_limiter_made = False
+        # One breaker for the queue consumers: connection failures count across batches.
+        self.breaker = CircuitBreaker(settings.breaker_threshold)
+
+    @property
+    def job(self) -> Job:
+        """The first job (the one ``run`` runs when none is named)."""
+        return next(iter(self.jobs.values()))
+
+    def templates(self, job: Job) -> Templates:
+        """The job's templates (``--templates``, its own folder, batchrun's), compiled once."""
+        found = self._templates.get(job.name)
+        if found is None:
+            from batchrun.templates import DEFAULTS, Templates, job_folder
+
+            folder = self._templates_dirs.get(job.name) or job_folder(job)
+            override = self.settings.templates_dir
+            found = Templates([p for p in (override, folder, DEFAULTS) if p is not None])
+            self._templates[job.name] = found
+        return found
+
+    async def retry_limiter(self, options: Options) -> AdaptiveRate | None:
+        if not self._retry_limiter_made:
+            self._retry_limiter = await make_limiter(self.mailer, options.rate)
+            self._retry_limiter_made = True
+        return self._retry_limiter
+
+    # -- runs -----------------------------------------------------------------------------
+
+    async def run(
+        self,
+        period: Period,
+        options: Options | None = None,
+        *,
+        job: Job | str | None = None,
+        dry_run: bool = False,
+        after: int = 0,
+        until: int = MAX_ID,
+    ) -> Summary:
+        """Run ``job`` (default: the first) over ``period``, ids in (after, until]."""
+        which = self._job(job)
+        return await run_period(
+            self, which, period, options or Options(), dry_run=dry_run, after=after, until=until
+        )
+
+    def _job(self, job: Job | str | None) -> Job:
+        if job is None:
+            return self.job
+        if isinstance(job, str):
+            return self.jobs[job]
+        return job
+
+    async def fan_out(
+        self, period: Period, queue: RetryQueue, *, shard_size: int, job: Job | str | None = None
+    ) -> FanOut:
+        """Queue the period's unfinished entities as id ranges (shards) for many consumers."""
+        from batchrun.runtime.fanout import fan_out
+
+        return await fan_out(self, self._job(job), period, queue, shard_size=shard_size)
+
+    async def submit(self, job: Job | str, period: Period, ids: Sequence[int]) -> int:
+        """Queue one task per entity for the consumers; return how many were queued."""
+        assert self.queue is not None
+        which = self._job(job)
+        bodies = [QueueMessage("task", which.name, str(period), entity_id=i).to_json() for i in ids]
+        for start in range(0, len(bodies), SEND_BATCH):
+            await self.queue.send(bodies[start : start + SEND_BATCH])
+        return len(bodies)
+
+    async def status(self, job: Job | str, period: Period, *, problems: int = 50) -> dict[str, Any]:
+        """The ledger's counts for the job's period, the job's own (``Job.status``), and the
+        first ``problems`` entities not done."""
+        which = self._job(job)
+        counts = await self.store.status(job=which.name, period=str(period), problems=problems)
+        ctx = Context(
+            which, period, self.store.jobdb, _NoEffects(), dry_run=True, env=self.settings.environ
+        )
+        return {
+            "succeeded": counts.succeeded,
+            "skipped": counts.skipped,
+            "retrying": counts.retrying,
+            "failed_permanent": counts.failed_permanent,
+            "claimed": counts.claimed,
+            **await which.status(ctx),
+            "problems": counts.problems,
+        }
+
+    async def preview(self, job: Job | str, period: Period, entity_id: int) -> Message:
+        """The email ``job`` would send to entity ``entity_id``: its page row, then
+        ``process`` with the send captured. Nothing is claimed, written or sent."""
+        from batchrun.runtime.pager import recheck
+        from batchrun.runtime.sending import Sender
+
+        which = self._job(job)
+        captured: list[Message] = []
+
+        class Capture(Sender):
+            async def send_email(self, ctx: Context, **fields: Any) -> None:
+                captured.append(self.message(ctx, **fields))
+
+        sender = Capture(
+            None,
+            self.settings,
+            summary=None,
+            lease=None,
+            stop=self.stop,
+            limiter=None,
+            templates=self.templates(which),
+        )
+        ctx = Context(
+            which, period, self.store.jobdb, sender, dry_run=True, env=self.settings.environ
+        )
+        row = await recheck(which, ctx, entity_id)
+        if row is None:
+            raise UsageError(f"{which.name} {period}: entity {entity_id} is not in the job's page")
+        try:
+            await which.process(ctx.entity(entity_id), row)
+        except Skip as exc:
+            raise UsageError(f"{which.name} would skip entity {entity_id}: {exc.reason}") from None
+        if not captured:
+            raise UsageError(f"{which.name} sends no email to entity {entity_id}")
+        return captured[0]
+
+    # -- the queue ------------------------------------------------------------------------
+
+    async def process(
+        self, items: Sequence[Received], options: Options | None = None
+    ) -> dict[str, Verdict]:
+        """Work on received queue messages; say what to do with each (by message id).
+
+        The caller acts on the verdicts: `batchrun retry` deletes, hides or dead-letters;
+        the Lambda handler turns them into its batchItemFailures.
+        """
+        verdicts, _ = await consume.process(self, items, options or Options())
+        return verdicts
+
+    async def retry(
+        self, options: Options | None = None, *, max_messages: int = 10_000
+    ) -> RetrySummary:
+        """Drain the queue once: redo each entity, delete successes, back off the rest."""
+        options = options or Options()
+        assert self.queue is not None and self.mailer is not None
+        queue = self.queue
+        started = time.monotonic()
+        result = RetrySummary()
+        result.requeued = await self.requeue_unqueued()
+        visibility = max(60.0, self.settings.lease_s * 4)
+        received = 0
+        while received < max_messages and not self.stop.stopping:
+            items: list[Received] = []
+            want = min(max(options.concurrency, 10), max_messages - received)
+            while len(items) < want:
+                got = await queue.receive(
+                    max_messages=min(10, want - len(items)), visibility_s=visibility
+                )
+                if not got:
+                    break
+                items.extend(got)
+            if not items:
+                break
+            received += len(items)
+            if await self._settle(items, options, result, visibility):
+                # The mail backend is unreachable: the rest waits for a later drain,
+                # instead of burning its attempts against a backend that is down.
+                log.error("mail backend unreachable: the drain stops; run `batchrun retry` later")
+                break
+        depth, _ = await queue.depths()
+        result.remaining = depth
+        result.duration_s = time.monotonic() - started
+        return result
+
+    async def serve(
+        self,
+        queue: RetryQueue,
+        options: Options | None = None,
+        *,
+        prefetch: int = 1,
+        visibility_s: float = 120.0,
+        idle_exit_s: float | None = None,
+    ) -> RetrySummary:
+        """Consume ``queue`` until stopped (or idle for ``idle_exit_s``): shards, retries,
+        tasks and continuations, each message kept invisible while it is worked on.
+
+        A mail outage does not end the worker: it backs off (1 s, doubling to 30 s) and
+        polls on, so a supervisor never has to restart it.
+        """
+        options = options or Options()
+        started = time.monotonic()
+        result = RetrySummary()
+        idle_since = time.monotonic()
+        requeued_at = 0.0
+        outage = 0
+        while not self.stop.stopping:
+            if time.monotonic() - requeued_at >= REQUEUE_EVERY_S:
+                result.requeued += await self.requeue_unqueued()
+                requeued_at = time.monotonic()
+            items = await queue.receive(max_messages=prefetch, visibility_s=visibility_s)
+            if not items:
+                if idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s:
+                    break
+                await self._sleep(IDLE_POLL_S)
+                continue
+            broken = await self._settle(items, options, result, visibility_s, queue=queue)
+            idle_since = time.monotonic()
+            if broken:
+                pause = min(OUTAGE_BACKOFF_S[1], OUTAGE_BACKOFF_S[0] * 2**outage)
+                outage += 1
+                log.warning("mail backend unreachable: the worker pauses %.0f s", pause)
+                await self._sleep(pause)
+                self.breaker.half_open()
+            else:
+                outage = 0
+        result.remaining, _ = await queue.depths()
+        result.duration_s = time.monotonic() - started
+        return result
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop.wait_stopping(), timeout=seconds)
+
+    async def _settle(
+        self,
+        items: list[Received],
+        options: Options,
+        result: RetrySummary,
+        visibility_s: float,
+        *,
+        queue: RetryQueue | None = None,
+    ) -> bool:
+        """Work on received messages, then delete, hide or dead-letter each by its verdict;
+        whether the mail backend was found unreachable."""
+        queue = queue or self.queue
+        assert queue is not None
+        keepalive = asyncio.create_task(self._keep_invisible(queue, items, visibility_s))
+        try:
+            verdicts, broken = await consume.process(self, items, options)
+        finally:
+            keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keepalive
+        done = []
+        for item in items:
+            verdict = verdicts[item.message_id]
+            _count(result, verdict)
+            if verdict.action == "delete":
+                done.append(item)
+            elif verdict.action == "later":
+                await queue.retry_later(item, verdict.delay_s)
+            else:
+                await queue.dead_letter(item, verdict.reason)
+        await queue.delete(done)
+        return broken
+
+    async def _keep_invisible(
+        self, queue: RetryQueue, items: list[Received], visibility_s: float
+    ) -> None:
+        """Heartbeat: extend the messages' visibility while they are worked on, so a long
+        shard is not delivered to a second consumer; a dead consumer's reappear."""
+        while True:
+            await asyncio.sleep(visibility_s / 3)
+            for item in items:
+                try:
+                    await queue.retry_later(item, visibility_s)
+                except Exception as exc:
+                    log.warning("could not extend message %s: %s", item.message_id, exc)
+
+    async def requeue_unqueued(self) -> int:
+        """Queue the temporary failures that a run could not queue (the queue was down)."""
+        assert self.queue is not None
+        total = 0
+        while True:
+            rows = [r for r in await self.store.unqueued_failures(500) if r[0].job in self.jobs]
+            if not rows:
+                return total
+            bodies = [
+                QueueMessage(
+                    "retry",
+                    scope.job,
+                    scope.period,
+                    entity_id=entity_id,
+                    attempt=attempts,
+                    reason=error or "",
+                ).to_json()
+                for scope, entity_id, attempts, error in rows
+            ]
+            await self.queue.send(bodies)
+            by_scope: dict[Scope, list[int]] = {}
+            for scope, entity_id, _, _ in rows:
+                by_scope.setdefault(scope, []).append(entity_id)
+            for scope, ids in by_scope.items():
+                await self.store.mark_queued(scope, ids)
+            total += len(rows)
+
+
+def _count(result: RetrySummary, verdict: Verdict) -> None:
+    """Add one processed message's verdict to the totals, in entities."""
+    if verdict.summary is not None:
+        result.add_run(verdict.summary)
+    elif verdict.action == "poison":
+        result.processed += 1  # a message that named no entity, dead-lettered unworked
+        result.dead_lettered += 1
+    elif verdict.counted and verdict.outcome is not None:
+        result.add_entity(verdict.outcome)

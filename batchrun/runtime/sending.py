@@ -1,0 +1,173 @@
+"""``ctx.send_email`` for a run: render, build the message, fence, pace, send; the breaker.
+
+Throttling is the provider asking for a lower rate, not the entity failing: the adaptive
+limiter halves its rate when a ThrottledError leaves its block, and the same message goes
+again at the new pace (up to ``MAX_THROTTLED`` times).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from contextlib import AbstractAsyncContextManager, nullcontext
+from email.utils import parseaddr
+from typing import TYPE_CHECKING, Any, Literal
+
+from batchrun.errors import ThrottledError
+from batchrun.job import Context, Retry, Skip
+from batchrun.mail.base import Mailer, Message, valid_address
+from batchrun.ratelimit import AdaptiveRate
+from batchrun.settings import Settings
+
+if TYPE_CHECKING:
+    from batchrun.engine import StopToken
+    from batchrun.runtime.lease import Lease
+    from batchrun.runtime.reports import Summary
+    from batchrun.templates import Templates
+
+log = logging.getLogger(__name__)
+
+MAX_THROTTLED = 20  # sends of one message under throttling before it goes to the retry queue
+DEFAULT_AUTO_RATE = 10.0  # where --rate auto starts when the provider does not say its limit
+BREAKER_REASON = "mail backend unreachable (circuit breaker open)"
+
+
+class CircuitBreaker:
+    """Opens after ``threshold`` consecutive connection-level failures."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.consecutive = 0
+        self.open = False
+
+    def success(self) -> None:
+        self.consecutive = 0
+
+    def half_open(self) -> None:
+        """After a pause, let one attempt through: one more failure opens it again."""
+        self.open = False
+        self.consecutive = self.threshold - 1
+
+    def failure(self) -> bool:
+        """Record a failure; True when this one opened the breaker."""
+        self.consecutive += 1
+        if not self.open and self.consecutive >= self.threshold:
+            self.open = True
+            return True
+        return False
+
+
+async def make_limiter(
+    mailer: Mailer | None, rate: float | Literal["auto"] | None
+) -> AdaptiveRate | None:
+    """The send pacer for ``rate``: AIMD from that rate, or from the provider's own."""
+    if rate is None:
+        return None
+    if rate == "auto":
+        probe = getattr(mailer, "max_send_rate", None)
+        ceiling = await probe() if probe is not None else None
+        if ceiling is None:
+            log.warning(
+                "the mail backend states no send rate: starting --rate auto at %g/s",
+                DEFAULT_AUTO_RATE,
+            )
+        return AdaptiveRate(ceiling or DEFAULT_AUTO_RATE, ceiling=ceiling)
+    return AdaptiveRate(rate, ceiling=rate)
+
+
+class Sender:
+    """The effects a run lends its contexts: email through one mailer, and the counters."""
+
+    def __init__(
+        self,
+        mailer: Mailer | None,
+        settings: Settings,
+        *,
+        summary: Summary | None,
+        lease: Lease | None,
+        stop: StopToken,
+        limiter: AdaptiveRate | None,
+        templates: Templates | None,
+    ) -> None:
+        self.mailer = mailer
+        self.settings = settings
+        self.summary = summary
+        self.lease = lease
+        self.stop = stop
+        self.limiter: AbstractAsyncContextManager[None] = limiter or nullcontext()
+        self.adaptive = limiter
+        self.templates = templates
+        self.throttles = 0
+        self.emails_sent = 0
+        name, address = parseaddr(settings.sender)
+        self.domain = address.rpartition("@")[2] or "localhost"
+        self.defaults: dict[str, Any] = {"brand": name or None}
+
+    def count(self, name: str, n: int) -> None:
+        if self.summary is not None:
+            self.summary.count(name, n)
+
+    def message(
+        self,
+        ctx: Context,
+        *,
+        to: str,
+        subject: str | None,
+        text: str | None,
+        html: str | None,
+        to_name: str | None,
+        template: str | None,
+        variables: dict[str, Any],
+    ) -> Message:
+        """The email ``send_email`` would send (``batchrun preview`` shows it)."""
+        if template is not None:
+            if self.templates is None:
+                raise LookupError(f"job {ctx.job.name!r} has no templates")
+            rendered = self.templates.render(template, {**self.defaults, **variables})
+            subject = subject if subject is not None else rendered.subject
+            text = text if text is not None else rendered.text
+            html = html if html is not None else rendered.html
+        if subject is None or text is None:
+            raise TypeError("send_email needs subject and text, or a template")
+        return Message(
+            sender=self.settings.sender,
+            to_addr=to,
+            to_name=to_name or "",
+            subject=subject,
+            text=text,
+            html=html or "",
+            # Stable per (job, once_per period, entity): a duplicate carries the same one.
+            message_id=f"<{ctx.key.replace(':', '.')}@{self.domain}>",
+        )
+
+    async def send_email(self, ctx: Context, **fields: Any) -> None:
+        if not valid_address(fields["to"]):
+            raise Skip("invalid email address")
+        message = self.message(ctx, **fields)
+        if self.mailer is None:
+            raise RuntimeError("no mailer: a dry run sends nothing")
+        if self.lease is not None and not self.lease.valid() and not await self.lease.fence():
+            raise Retry("stopped while this run's claims were not renewed")
+        await self._send_paced(self.mailer, message)
+        self.emails_sent += 1
+        if self.summary is not None:
+            self.summary.emails_sent += 1
+
+    async def _send_paced(self, mailer: Mailer, message: Message) -> None:
+        for attempt in range(1, MAX_THROTTLED + 1):
+            try:
+                async with self.limiter:
+                    await mailer.send(message)
+                return
+            except ThrottledError as exc:
+                self.throttles += 1
+                if attempt == MAX_THROTTLED or self.stop.aborting:
+                    raise ThrottledError(
+                        f"still throttled after {attempt} tries: {exc.reason}",
+                        retry_after_s=exc.retry_after_s,
+                    ) from exc
+                if self.adaptive is None:
+                    # No pacer to slow down: back off this send alone, with jitter.
+                    pause = exc.retry_after_s or min(5.0, 0.1 * 2**attempt)
+                    await asyncio.sleep(pause * random.uniform(0.5, 1.0))

@@ -1,0 +1,98 @@
+"""One entity's work, the same in a run and in a queue consumer: fence, process, record."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from batchrun.db.store import State
+from batchrun.engine import StopToken
+from batchrun.errors import ThrottledError
+from batchrun.job import Context, Job
+from batchrun.ratelimit import AdaptiveRate
+from batchrun.runtime.lease import Lease
+from batchrun.runtime.outcomes import SUCCEEDED, Outcome, classify
+from batchrun.runtime.recorder import Item, Recorder
+from batchrun.runtime.sending import CircuitBreaker
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    """Works claimed entities of one job and period through ``process``."""
+
+    def __init__(
+        self,
+        job: Job,
+        ctx: Context,
+        *,
+        lease: Lease,
+        recorder: Recorder,
+        breaker: CircuitBreaker,
+        stop: StopToken,
+        limiter: AdaptiveRate | None = None,
+        give_up_after: int | None = None,
+        on_outcome: Callable[[Item, Outcome], None] | None = None,
+    ) -> None:
+        self.job = job
+        self.ctx = ctx
+        self.lease = lease
+        self.recorder = recorder
+        self.breaker = breaker
+        self.stop = stop
+        self.limiter = limiter
+        self.give_up_after = give_up_after  # a consumer's: retries before a failure is final
+        self.on_outcome = on_outcome
+        self.unstarted: list[Item] = []  # not attempted (stopped, breaker open): the caller's
+        self.lost: list[Item] = []
+
+    async def work(self, item: Item) -> None:
+        if self.lease.is_lost(item.scope, item.id):
+            self.lost.append(item)
+            return
+        if self.breaker.open:
+            # Not attempted: the caller queues it (a run) or leaves its message for later
+            # (a consumer); an attempt the backend never saw does not count against it.
+            self.unstarted.append(item)
+            return
+        if not await self.lease.fence():
+            self.unstarted.append(item)
+            return
+        elif self.lease.is_lost(item.scope, item.id):
+            self.lost.append(item)  # the heartbeat the fence waited for found it taken
+            return
+        else:
+            outcome = await self._process(item)
+        limit = self.give_up_after
+        if outcome.state is State.RETRYING and limit is not None and item.attempts >= limit:
+            # The ledger counts attempts: the run's first one, then one per retry, so an
+            # entity gets as many retries as the queue allows receives.
+            outcome = Outcome(
+                State.FAILED, f"gave up after {item.attempts} attempts: {outcome.reason}"
+            )
+        if self.on_outcome is not None:
+            self.on_outcome(item, outcome)
+        await self.recorder.record(item, outcome)
+
+    async def _process(self, item: Item) -> Outcome:
+        try:
+            await self.job.process(self.ctx.entity(item.id), item.row)
+        except Exception as exc:
+            return self._failed(exc)
+        self.breaker.success()
+        return SUCCEEDED
+
+    def _failed(self, exc: Exception) -> Outcome:
+        outcome = classify(exc)
+        if outcome.connection:
+            if self.breaker.failure():
+                log.error(
+                    "backend unreachable after %d connection failures in a row; stopping",
+                    self.breaker.consecutive,
+                )
+                self.stop.request("mail backend unreachable")
+        else:
+            self.breaker.success()
+        if outcome.throttled and self.limiter is not None and not isinstance(exc, ThrottledError):
+            self.limiter.throttled(outcome.delay_s)  # an HTTP 429: the mail path paces itself
+        return outcome
