@@ -130,7 +130,8 @@ class Message:
                 headers + '\r\nContent-Type: text/plain; charset="utf-8"'
                 "\r\nContent-Transfer-Encoding: base64\r\n\r\n"
             ).encode("ascii") + body
-        headers += f'\r\nContent-Type: multipart/alternative; boundary="{boundary}"\r\n\r\n'
+        # Folded: on one line it is 83 characters, over RFC 5322's 78.
+        headers += f'\r\nContent-Type: multipart/alternative;\r\n boundary="{boundary}"\r\n\r\n'
         return b"".join(
             (
                 headers.encode("ascii"),
