@@ -217,7 +217,8 @@ def test_the_to_header_fast_path_agrees_with_formataddr(name: str) -> None:
 
 
 def test_encoded_names_agree_with_formataddr_for_random_text() -> None:
-    """B or Q, whichever formataddr would pick, byte for byte, over names of every kind."""
+    """B or Q, whichever formataddr would pick, byte for byte, over names of every kind
+    that fit in one encoded word on one line; longer ones are folded (test_folding.py)."""
     from email.utils import formataddr
 
     from batchrun.mail.base import _address
@@ -231,8 +232,12 @@ def test_encoded_names_agree_with_formataddr_for_random_text() -> None:
             name = "Jose Maria Garcia-Lopez"[: rng.randint(3, 23)] + rng.choice("éüñ")
         if "=?" in name or name.isascii():
             continue
-        expected = formataddr((name, "a@example.com"), charset="utf-8").replace("\n", "\r\n")
-        assert _address(name, "a@example.com") == expected, name
+        expected = formataddr((name, "a@example.com"), charset="utf-8")
+        if len(f"From: {expected}") <= 78:
+            assert _address(name, "a@example.com") == expected, name
+        else:
+            decoded = str(make_header(decode_header(_address(name, "a@example.com"))))
+            assert decoded == f"{name} <a@example.com>"
 
 
 def test_every_code_point_is_judged_by_its_unicode_category() -> None:
@@ -750,7 +755,12 @@ def test_wire_bytes_match_what_the_email_package_would_build(name: str, subject:
     reference = EmailMessage(policy=email.policy.default)
     reference["To"] = message.display_to
     reference["Subject"] = " ".join(subject.split())
-    assert str(parsed["To"]) == str(reference["To"])
+    # A long name is folded into several encoded words. RFC 2047 §6.2 drops the fold
+    # between two of them, as mail clients do; Python 3.11's address parser keeps it as a
+    # space (CPython gh-128110), so the name is read with those folds taken out.
+    unfolded = re.sub(rb"\?=\r\n =\?", b"?==?", header_block(raw))
+    to = email.message_from_bytes(unfolded, policy=email.policy.default)["To"]
+    assert str(to) == str(reference["To"])
     assert str(parsed["Subject"]) == str(reference["Subject"])
     assert parsed["Message-ID"] == message.message_id
     parts = {p.get_content_type(): p.get_content() for p in parsed.iter_parts()}

@@ -14,7 +14,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from email.header import Header
 from email.message import EmailMessage
 from email.utils import format_datetime, formataddr, parseaddr
 from typing import Protocol
@@ -163,37 +162,96 @@ def _from_header(sender: str) -> str:
     return _address(*parseaddr(sender)) if "<" in sender else sender
 
 
-def _address(name: str, addr: str) -> str:
-    """``Name <addr>``, the name RFC 2047-encoded when it is not plain ASCII."""
-    if "=?" in name:
-        # A name that is itself an encoded word would be decoded by the reader (CR/LF
-        # included): encode it once more, so the reader sees exactly this text.
-        return f"{Header(name, 'utf-8').encode(linesep=chr(13) + chr(10))} <{addr}>"
+def _address(name: str, addr: str, prefix: int = len("From: ")) -> str:
+    """``Name <addr>``, the name RFC 2047-encoded when it is not plain ASCII.
+
+    ``prefix`` is how many characters (the header's name) precede the value on its first
+    line: a line holding an encoded word stays within 78 characters.
+    """
     if addr.isascii():  # what formataddr gives, without its per-byte work
-        if name.isascii():
+        if name.isascii() and "=?" not in name:
             if not _NAME_SPECIALS.search(name):
                 return f"{name} <{addr}>" if name else addr
         else:
-            return f"{_encoded_word(name)} <{addr}>"
-    # formataddr folds a long encoded name with bare LF; the wire wants CRLF. It also
-    # raises UnicodeEncodeError (a ValueError) for a non-ASCII address.
-    return formataddr((name, addr), charset="utf-8").replace("\n", "\r\n")
+            # A name that is itself an encoded word would be decoded by the reader (CR/LF
+            # included): it is encoded once more, so the reader sees exactly this text.
+            encoded = _encoded_word(name, _MAX_LINE - prefix)
+            fold = encoded.rfind("\n")
+            last_line = len(encoded) - fold - 1 if fold >= 0 else prefix + len(encoded)
+            if last_line + len(addr) + 3 <= _MAX_LINE:
+                return f"{encoded} <{addr}>"  # formataddr's bytes, when it is one word
+            return f"{encoded}{_FOLD}<{addr}>"
+    # Only a quoted ASCII name is left, which holds no encoded word: formataddr adds the
+    # quotes. It also raises UnicodeEncodeError (a ValueError) for a non-ASCII address.
+    return formataddr((name, addr), charset="utf-8")
 
 
-def _encoded_word(name: str) -> str:
-    """``Charset("utf-8").header_encode(name)``: the shorter of the B and Q encodings.
+def _encoded_word(text: str, room: int = 75) -> str:
+    """``text`` as RFC 2047 encoded words, each the shorter of its B and Q encodings.
 
-    The standard library measures the Q form byte by byte in Python; here one C-level
+    ``Charset("utf-8").header_encode(text)`` when that one word fits in ``room``
+    characters. Otherwise words of at most 75 characters (the first at most ``room``),
+    cut between characters, never inside one, and joined by CRLF + space (a fold). The
+    standard library measures the Q form byte by byte in Python; here one C-level
     ``translate`` counts the bytes Q must escape (3 characters each instead of 1).
     """
-    raw = name.encode("utf-8")
+    raw = text.encode("utf-8")
     b_length = (len(raw) + 2) // 3 * 4
     q_length = len(raw) + 2 * len(raw.translate(None, _Q_LITERAL))
+    fits = min(room, _MAX_WORD) - _WORD_OVERHEAD
     if b_length < q_length:
-        return f"=?utf-8?b?{base64.b64encode(raw).decode('ascii')}?="
-    return email.quoprimime.header_encode(raw, "utf-8")
+        if b_length <= fits:
+            return f"=?utf-8?b?{base64.b64encode(raw).decode('ascii')}?="
+    elif q_length <= fits:
+        return email.quoprimime.header_encode(raw, "utf-8")
+    return _FOLD.join(_encoded_chunks(raw, fits))
 
 
+def _encoded_chunks(raw: bytes, first: int) -> list[str]:
+    """The words of a folded ``_encoded_word``, the first with ``first`` characters of
+    encoded text at most: each word takes as many characters as fit.
+
+    The longest piece whose shorter encoding fits is the longer of the longest that fits
+    as B (a byte count) and the longest that fits as Q (found by bisection), moved back
+    to the start of the character it ends in.
+    """
+    words = []
+    start = 0
+    # At least one 4-byte character's worth (8 as B), so that every word takes one.
+    limit = max(first, 8)
+    while start < len(raw):
+        end = min(len(raw), start + limit // 4 * 3)  # the bytes B fits
+        if _q_length(raw[start:end]) <= limit:  # Q fits as many: it may fit more
+            low, high = end, min(len(raw), start + limit)
+            while low < high:
+                middle = (low + high + 1) // 2
+                if _q_length(raw[start:middle]) <= limit:
+                    low = middle
+                else:
+                    high = middle - 1
+            end = low
+        while end < len(raw) and raw[end] & 0xC0 == 0x80:  # a UTF-8 continuation byte
+            end -= 1
+        chunk = raw[start:end]
+        if (len(chunk) + 2) // 3 * 4 < _q_length(chunk):
+            words.append(f"=?utf-8?b?{base64.b64encode(chunk).decode('ascii')}?=")
+        else:
+            words.append(email.quoprimime.header_encode(chunk, "utf-8"))
+        start = end
+        limit = _MAX_WORD - _WORD_OVERHEAD
+    return words
+
+
+def _q_length(raw: bytes) -> int:
+    return len(raw) + 2 * len(raw.translate(None, _Q_LITERAL))
+
+
+# RFC 2047: an encoded word is at most 75 characters; RFC 5322 asks for lines of at most
+# 78, so a fold (CRLF and one space) before each further word always leaves room for it.
+_MAX_WORD = 75
+_MAX_LINE = 78
+_FOLD = "\r\n "
+_WORD_OVERHEAD = len("=?utf-8?b??=")
 # Bytes the header Q encoding writes as one character (space becomes "_").
 _Q_LITERAL = b" !*+-/0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # email.utils' specialsre: a name holding any of these is quoted by formataddr.
@@ -203,13 +261,18 @@ _NAME_SPECIALS = re.compile(r'[][\\()<>@,:;".]')
 @functools.lru_cache(maxsize=16)
 def _subject_header(subject: str) -> str:
     """The Subject header value; a job's messages share one subject, so it is cached."""
-    return _header_text(clean_text(subject))
+    return _header_text(clean_text(subject), len("Subject: "))
 
 
-def _header_text(value: str) -> str:
-    if value.isascii():
+def _header_text(value: str, prefix: int) -> str:
+    """An unstructured header value, folded as encoded words when it is not plain ASCII.
+
+    ``prefix``: the characters (the header's name) before the value on its first line.
+    """
+    # Text that looks like an encoded word would be decoded by the reader: encode it.
+    if value.isascii() and "=?" not in value:
         return value
-    return Header(value, "utf-8").encode(linesep="\r\n")
+    return _encoded_word(value, _MAX_LINE - prefix)
 
 
 def _part(boundary: str, subtype: str, body: str) -> bytes:
