@@ -105,8 +105,17 @@ class JobDatabase:
         return await self._db.execute_sql(compiled, args)
 
 
-async def connect(url: str, *, pool_size: int = 4, create: bool = False) -> Database:
-    """Open the database at ``url``; ``create`` allows creating a missing SQLite file."""
+async def connect(
+    url: str, *, pool_size: int = 4, create: bool = False, busy_timeout: float = 5.0
+) -> Database:
+    """Open the database at ``url``.
+
+    Args:
+        url: ``mysql://user:pass@host:port/db`` or ``sqlite:///path``.
+        pool_size: most MySQL connections open at once.
+        create: open to migrate: create a missing SQLite file and turn WAL on.
+        busy_timeout: seconds a SQLite statement waits for another process's lock.
+    """
     scheme = scheme_of(url)
     if scheme in ("mysql", "mariadb", "mysql+aiomysql"):
         from batchrun.db.mysql import MySQLDatabase
@@ -115,7 +124,9 @@ async def connect(url: str, *, pool_size: int = 4, create: bool = False) -> Data
     if scheme == "sqlite":
         from batchrun.db.sqlite import SQLiteDatabase
 
-        return await SQLiteDatabase.open(url, load("sqlite"), create=create)
+        return await SQLiteDatabase.open(
+            url, load("sqlite"), create=create, busy_timeout=busy_timeout
+        )
     raise ConfigError(
         f"unknown database URL scheme {scheme or '(none)'!r} in {mask_url(url)!r}: "
         "use mysql://user:pass@host:port/db or sqlite:///path"

@@ -34,17 +34,27 @@ class SQLiteDatabase(Database):
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def open(cls, url: str, queries: Queries, *, create: bool = False) -> SQLiteDatabase:
-        """Open the file; a missing file is an error unless ``create`` (migrations)."""
+    async def open(
+        cls, url: str, queries: Queries, *, create: bool = False, busy_timeout: float = 5.0
+    ) -> SQLiteDatabase:
+        """Open the file; a missing file is an error unless ``create`` (migrations).
+
+        Only ``create`` (``batchrun db migrate``) turns WAL on: SQLite keeps that in the
+        file, so every later open runs in WAL, and an open that only reads (a dry run,
+        ``status``) leaves the file's bytes as they were. ``busy_timeout`` is how many
+        seconds a statement waits for another connection's lock before failing.
+        """
         path = sqlite_path(url)
         # A plain stat, before the connection thread exists: not worth a thread hop.
         if not create and path != ":memory:" and not Path(path).exists():  # noqa: ASYNC240
             raise NotMigratedError(
                 f"database file {path} does not exist: run `batchrun db migrate` first"
             )
+        pragmas = ("pragma_wal", "pragma_synchronous") if create else ("pragma_synchronous",)
         try:
-            conn = await aiosqlite.connect(path, isolation_level=None, timeout=30.0)
-            for name in ("pragma_wal", "pragma_synchronous", "pragma_busy_timeout"):
+            # sqlite3's timeout is SQLite's busy timeout (sqlite3_busy_timeout).
+            conn = await aiosqlite.connect(path, isolation_level=None, timeout=busy_timeout)
+            for name in pragmas:
                 await conn.execute(queries.statements[name].text)
         except (sqlite3.Error, OSError) as exc:
             raise DatabaseError(f"cannot open SQLite database {path}: {exc}") from exc

@@ -21,10 +21,9 @@ INSERT OR IGNORE INTO batchrun_schema (step, applied_at) VALUES (:step, :now);
 EXPLAIN QUERY PLAN
 
 -- name: pragma_wal
+-- Run by `batchrun db migrate` only: the mode is kept in the file, so later opens need
+-- not write it again (and a dry run must not).
 PRAGMA journal_mode = WAL;
 
 -- name: pragma_synchronous
 PRAGMA synchronous = NORMAL;
-
--- name: pragma_busy_timeout
-PRAGMA busy_timeout = 30000;
