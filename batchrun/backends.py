@@ -86,7 +86,12 @@ async def open_backends(
     check_urls(settings, mail=mail)
     # The page reader, the group commit, the heartbeat and a spare: the workers send mail,
     # they do not hold database connections.
-    database = await connect(settings.db_url, pool_size=4, create=create)
+    database = await connect(
+        settings.db_url,
+        pool_size=4,
+        create=create,
+        busy_timeout=min(5.0, settings.lease_s / 3),
+    )
     mailer: Mailer | None = None
     retry_queue: RetryQueue | None = None
     try:
