@@ -98,8 +98,17 @@ class Lease:
         """Whether another run took this entity's claim over."""
         return (scope, entity_id) in self._lost
 
-    def note_lost(self, scope: Scope, count: int, what: str) -> None:
-        """Count claims found lost after the fact (an outcome write changed fewer rows)."""
+    def note_lost(self, scope: Scope, ids: Sequence[int], changed: int, what: str) -> int:
+        """Count the claims an outcome write for ``ids`` found lost after the fact (it changed
+        only ``changed`` rows); return how many were not known lost already.
+
+        A heartbeat may have found some of them first (an entity in flight when it ran):
+        those never changed and are counted once, by the heartbeat.
+        """
+        known = sum(1 for uid in ids if (scope, uid) in self._lost)
+        count = len(ids) - changed - known
+        if count <= 0:
+            return 0
         self.lost_claims += count
         log.warning(
             "%s: %d claims of %s %s were taken over by another run before this one %s "
@@ -110,6 +119,7 @@ class Lease:
             scope.period,
             what,
         )
+        return count
 
     # -- the fence ------------------------------------------------------------------------
 

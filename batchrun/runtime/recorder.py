@@ -99,9 +99,9 @@ class Recorder:
             )
             self.lease.let_go(scope, ids)
             if changed < len(ids):
-                self.lease.note_lost(scope, len(ids) - changed, "recorded them")
+                lost = self.lease.note_lost(scope, ids, changed, "recorded them")
                 if self.summary is not None:
-                    self.summary.lost_claims += len(ids) - changed
+                    self.summary.lost_claims += lost
 
     async def _enqueue(self, scope: Scope, state: State, reason: str, items: list[Item]) -> bool:
         """Queue one message per entity (a retry, or a dead letter); whether they went."""
