@@ -5,7 +5,8 @@
     ├── ConfigError                  an unusable setting or URL (exit 2)
     │   └── TemplateError            an email template is missing, broken or lacks a variable
     ├── DatabaseError                the database failed or cannot be reached
-    │   └── NotMigratedError         batchrun's tables are missing: run `batchrun db migrate`
+    │   ├── NotMigratedError         batchrun's tables are missing: run `batchrun db migrate`
+    │   └── LockTimeoutError         a row lock another session holds did not come free in time
     ├── MailError                    a message could not be sent; carries a reason
     │   ├── TemporaryMailError       worth retrying later (4xx, timeout, throttling)
     │   │   ├── MailConnectionError  the backend itself is unreachable (feeds the breaker)
@@ -45,6 +46,10 @@ class DatabaseError(BatchrunError):
 
 class NotMigratedError(DatabaseError):
     """batchrun's tables are missing or older than this version."""
+
+
+class LockTimeoutError(DatabaseError):
+    """A statement gave up waiting for a row lock another session holds (MySQL 1205)."""
 
 
 class MailError(BatchrunError):

@@ -13,14 +13,15 @@ import pymysql
 
 from batchrun.db.base import Database, Row
 from batchrun.db.sql import Queries, Statement
-from batchrun.errors import ConfigError, DatabaseError, NotMigratedError
+from batchrun.errors import ConfigError, DatabaseError, LockTimeoutError, NotMigratedError
 from batchrun.urls import mask_text, mask_url, split
 
 log = logging.getLogger(__name__)
 
 _NO_TABLE = 1146
+_LOCK_WAIT_TIMEOUT = 1205
 _LOST = {2006, 2013, 2055}  # server gone away, lost connection: retried once on a fresh one
-_CONFLICT = {1213, 1205}  # deadlock, lock wait timeout: the statement is retried
+_CONFLICT = {1213, _LOCK_WAIT_TIMEOUT}  # deadlock, lock wait timeout: the statement is retried
 _CONFLICT_TRIES = 3
 # A batchrun statement waits at most this long for a row lock, then goes again (three tries
 # in all): well under the 15 s lease, so a heartbeat or outcome write held up by another
@@ -150,6 +151,8 @@ class MySQLDatabase(Database):
                 f"database {self.url} is missing batchrun's tables ({text}): "
                 "run `batchrun db migrate`"
             )
+        if _code(exc) == _LOCK_WAIT_TIMEOUT:
+            return LockTimeoutError(f"database {self.url}: {text}")
         return DatabaseError(f"database {self.url}: {text}")
 
     async def execute(self, name: str, **params: Any) -> int:

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from batchrun.db.store import FINAL_STATES, MAX_ID, Claim, Scope, Store, now_ms
 from batchrun.engine import StopToken
-from batchrun.errors import JobError
+from batchrun.errors import JobError, LockTimeoutError
 from batchrun.job import Context, Job
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.recorder import Item
+
+log = logging.getLogger(__name__)
 
 
 async def page(job: Job, ctx: Context, after: int, limit: int) -> list[dict[str, Any]]:
@@ -124,10 +127,10 @@ class Pager:
             takeable = []
             for uid in ids:
                 claim = claims.get(uid)
-                if claim is None or claim.state in FINAL_STATES:
+                if claim is not None and claim.state in FINAL_STATES:
                     self.foreign.discard(uid)  # finished (or failed for good) by its owner
-                elif claim.owner is None or (claim.lease_until or 0) < now:
-                    takeable.append(uid)
+                elif claim is None or claim.owner is None or (claim.lease_until or 0) < now:
+                    takeable.append(uid)  # no row: a claim that could not insert it
             if not takeable:
                 continue
             self.foreign.difference_update(takeable)
@@ -151,7 +154,22 @@ class Pager:
             if not rows:
                 return []
         ids = [r["id"] for r in rows]
-        claims = await self.lease.claim(self.scope, ids, [i for i in ids if i not in ledger])
+        try:
+            claims = await self.lease.claim(self.scope, ids, [i for i in ids if i not in ledger])
+        except LockTimeoutError as exc:
+            # Another session holds a lock on some of these ledger rows (a long transaction)
+            # and the statement gave up on it: treat them as held by another run and claim
+            # them again in the wait for foreign claims, rather than fail the whole run.
+            log.warning(
+                "could not claim %d entities of %s %s yet, a row is locked (%s); "
+                "trying again later",
+                len(ids),
+                self.scope.job,
+                self.scope.period,
+                exc,
+            )
+            self.foreign.update(ids)
+            return []
         me = self.lease.me
         items = []
         for row in rows:
