@@ -98,6 +98,7 @@ def worker(
             print(json.dumps(result.to_json()))
         else:
             table("worker", result.to_json())
+        _say_lost(result.lost_claims)
         return 0
 
     run_command(ctx, go)
@@ -145,6 +146,7 @@ def retry(
             print(json.dumps(result.to_json()))
         else:
             table("retry", result.to_json())
+        _say_lost(result.lost_claims)
         if stop.stopping:
             stderr.print(
                 f"stopped ({stop.reason}); {result.remaining} messages left for the next retry",
@@ -154,3 +156,13 @@ def retry(
         return result.exit_code
 
     run_command(ctx, go)
+
+
+def _say_lost(lost_claims: int) -> None:
+    """The line `run` prints too: claims another run took over while this one was stalled."""
+    if lost_claims:
+        stderr.print(
+            f"{lost_claims} claims were taken over by another run while this one could not "
+            "renew them; that run does them",
+            highlight=False,
+        )

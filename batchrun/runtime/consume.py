@@ -52,12 +52,15 @@ class Verdict:
 
 async def process(
     rt: Runtime, items: Sequence[Received], options: Options
-) -> tuple[dict[str, Verdict], bool]:
-    """Work on received messages; say what to do with each (by message id), and whether
-    the mail backend was found unreachable (the breaker opened)."""
+) -> tuple[dict[str, Verdict], bool, int]:
+    """Work on received messages; say what to do with each (by message id), whether the
+    mail backend was found unreachable (the breaker opened), and how many claims on the
+    entities retry and task messages name were taken over by another run meanwhile (a
+    continuation's or shard's own are in its summary)."""
     verdicts: dict[str, Verdict] = {}
     groups: dict[tuple[str, str], list[tuple[Received, QueueMessage]]] = {}
     broken = False
+    lost_claims = 0
     units = {name: job.period for name, job in rt.jobs.items()}
     for item in items:
         try:
@@ -104,10 +107,13 @@ async def process(
         groups.setdefault((message.job, message.period), []).append((item, message))
     for (name, text), entries in groups.items():
         job = rt.jobs[name]
-        found, opened = await _entities(rt, job, parse_period(job.period, text), entries, options)
+        found, opened, lost = await _entities(
+            rt, job, parse_period(job.period, text), entries, options
+        )
         verdicts.update(found)
         broken = broken or opened
-    return verdicts, broken
+        lost_claims += lost
+    return verdicts, broken, lost_claims
 
 
 async def _entities(
@@ -116,8 +122,9 @@ async def _entities(
     period: Period,
     entries: list[tuple[Received, QueueMessage]],
     options: Options,
-) -> tuple[dict[str, Verdict], bool]:
-    """Redo the entities the messages name; one verdict per message."""
+) -> tuple[dict[str, Verdict], bool, int]:
+    """Redo the entities the messages name; one verdict per message, whether the breaker
+    opened, and the claims lost."""
     stop = rt.stop.child()
     try:
         async with Lease(rt.store, lease_s=rt.settings.lease_s, stop=stop) as lease:
@@ -137,6 +144,7 @@ async def _entities(
                 rt, job, ctx, scope, lease, limiter, entries, options
             )
             opened = rt.breaker.open
+            lost_claims = lease.lost_claims
     finally:
         stop.detach()
     verdicts: dict[str, Verdict] = {}
@@ -150,7 +158,7 @@ async def _entities(
         verdicts[received.message_id] = _verdict(
             rt, outcomes.get(uid), claims.get(uid), lost=uid in lost
         )
-    return verdicts, opened
+    return verdicts, opened, lost_claims
 
 
 async def _work(

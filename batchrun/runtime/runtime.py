@@ -209,7 +209,7 @@ class Runtime:
         The caller acts on the verdicts: `batchrun retry` deletes, hides or dead-letters;
         the Lambda handler turns them into its batchItemFailures.
         """
-        verdicts, _ = await consume.process(self, items, options or Options())
+        verdicts, _, _ = await consume.process(self, items, options or Options())
         return verdicts
 
     async def retry(
@@ -311,11 +311,12 @@ class Runtime:
         assert queue is not None
         keepalive = asyncio.create_task(self._keep_invisible(queue, items, visibility_s))
         try:
-            verdicts, broken = await consume.process(self, items, options)
+            verdicts, broken, lost = await consume.process(self, items, options)
         finally:
             keepalive.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keepalive
+        result.lost_claims += lost
         done = []
         for item in items:
             verdict = verdicts[item.message_id]
