@@ -5,13 +5,14 @@
 again; otherwise the call carries ``Idempotency-Key: ctx.key`` and its grant id is recorded
 with an insert-ignore. Left open: a crash or timeout after the API granted and before that
 insert; the retry calls again with the same key, which only an API honouring it can drop.
-Configuration, read once: ``CREDITS_API_URL`` (http://127.0.0.1:8080), ``CREDITS_API_TIMEOUT_S``.
+Configuration, from the environment batchrun was configured from (``ctx.env``: the CLI's,
+or the one the Lambda handler is given): ``CREDITS_API_URL`` (http://127.0.0.1:8080),
+``CREDITS_API_TIMEOUT_S`` (10).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,9 +36,7 @@ class MonthlyCredits(batchrun.Job):
     }
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        env = os.environ if environ is None else environ
-        self.base_url = env.get("CREDITS_API_URL", "http://127.0.0.1:8080")
-        self.timeout_s = float(env.get("CREDITS_API_TIMEOUT_S", "10"))
+        self.environ = environ  # None: ctx.env, read when the client is made
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -58,7 +57,7 @@ class MonthlyCredits(batchrun.Job):
     async def _grant(self, ctx: batchrun.Context, customer_id: int, amount: int) -> str:
         body = {"customer_id": customer_id, "amount": amount, "period": str(ctx.period)}
         try:
-            response = await self.client().post(
+            response = await self.client(ctx.env).post(
                 "/grants", json=body, headers={"Idempotency-Key": ctx.key}
             )
         except httpx.TransportError as exc:  # timeouts included
@@ -79,13 +78,18 @@ class MonthlyCredits(batchrun.Job):
             raise batchrun.Fail(f"credits API answered {status} without a grant id")
         return str(grant_id)
 
-    def client(self) -> httpx.AsyncClient:
-        """The job's one client, made on first use in the running event loop."""
+    def client(self, env: Mapping[str, str] | None = None) -> httpx.AsyncClient:
+        """The job's one client, made on first use in the running event loop, configured
+        from the job's own ``environ`` if it was given one, else from ``env`` (``ctx.env``)."""
         loop = asyncio.get_running_loop()
         # A client's connections belong to the loop that opened them: a warm Lambda runs
         # each invocation in a new loop, so a new loop gets a new client.
         if self._client is None or self._loop is not loop:
-            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout_s)
+            config = self.environ if self.environ is not None else env or {}
+            self._client = httpx.AsyncClient(
+                base_url=config.get("CREDITS_API_URL", "http://127.0.0.1:8080"),
+                timeout=float(config.get("CREDITS_API_TIMEOUT_S", "10")),
+            )
             self._loop = loop
         return self._client
 
