@@ -121,6 +121,7 @@ async def _handle(
         handoff=True,
         grace_s=max(0.1, margin * 0.7 / 1000),
     )
+    registry: Registry | None = None
     try:
         registry = discover(parse_specs(settings.jobs))
         if kind == "sqs":
@@ -148,6 +149,18 @@ async def _handle(
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
+        if registry is not None:
+            await _close_jobs(registry)
+
+
+async def _close_jobs(registry: Registry) -> None:
+    """Let every job close what it opened on this invocation's loop (an HTTP client's
+    sockets would otherwise stay open, bound to a closed loop, in a warm function)."""
+    for entry in registry.values():
+        try:
+            await entry.job.aclose()
+        except Exception as exc:
+            log.warning("job %s could not close: %s", entry.job.name, exc)
 
 
 def _runtime(registry: Registry, backends: Any, settings: Settings, stop: StopToken) -> Runtime:

@@ -204,5 +204,12 @@ class Job:
         """Extra counts for ``batchrun status`` (optional), e.g. the birthday job's cards."""
         return {}
 
+    async def aclose(self) -> None:
+        """Release what the job opened in this event loop, e.g. an HTTP client (optional).
+
+        The Lambda handler calls it at the end of every invocation: the next one runs in a
+        new event loop, with new job instances.
+        """
+
 
 __all__ = ["NAME", "Context", "Database", "Effects", "Fail", "Job", "Retry", "Skip", "Verdict"]
