@@ -24,7 +24,10 @@ def db_migrate(ctx: typer.Context) -> None:
         jobs = [entry.job for entry in context.registry.values()]
         async with open_backends(context.settings, create=True, migrated=False) as backends:
             store = backends.store
-            applied = await store.migrate(jobs)
+            notes: list[str] = []
+            applied = await store.migrate(jobs, notes=notes)
+        for line in notes:
+            stderr.print(f"note: {line}", highlight=False, soft_wrap=True)
         if applied:
             stderr.print(f"migrated {store.db.url}: {', '.join(applied)}", highlight=False)
         else:

@@ -92,24 +92,60 @@ class Store:
                 ]
         return steps
 
-    async def migrate(self, jobs: Iterable[Job] = ()) -> list[str]:
+    async def migrate(
+        self, jobs: Iterable[Job] = (), *, notes: list[str] | None = None
+    ) -> list[str]:
         """Run every step whose guard does not hold yet; return the names of the steps run.
 
         Guards, not the record in batchrun_schema, decide (but for data steps guarded
         ``recorded``): a dropped batchrun table is recreated, and a second run on a
-        complete schema changes nothing at all.
+        complete schema changes nothing at all. A job whose tables are missing from a
+        database that holds other application tables gets none created (its steps are
+        the demo's, for an empty database): ``notes`` gains one line naming what it needs.
         """
         applied: list[str] = []
-        for name, step in self._steps(jobs):
+        jobs = list(jobs)
+        skipped = await self._foreign_database_jobs(jobs)
+        if notes is not None:
+            notes.extend(skipped.values())
+        for name, step in self._steps(j for j in jobs if j.name not in skipped):
             if not await self._step_done(name, step):
                 await self.db.run_step(step)
                 applied.append(name)
                 await self.db.execute("schema_record", step=name, now=now_ms())
         return applied
 
+    async def _foreign_database_jobs(self, jobs: list[Job]) -> dict[str, str]:
+        """Jobs whose tables an application database lacks: name -> the line saying so."""
+        tables = {str(r[0]) for r in await self.db.fetchall("list_tables")}
+        found: dict[str, str] = {}
+        for job in jobs:
+            missing = [t for t in job.requires if t not in tables]
+            others = tables - set(job.requires) - {t for t in tables if t.startswith("batchrun_")}
+            if missing and others:
+                found[job.name] = _needs(job, missing)
+        return found
+
+    async def missing_requirements(self, job: Job) -> str | None:
+        """One line naming the tables and columns ``job`` needs that are not there, if any."""
+        missing: list[str] = []
+        for table, columns in job.requires.items():
+            if not await self.db.has_table(table):
+                missing.append(table)
+                continue
+            missing += [
+                f"{table}.{column}"
+                for column in columns
+                if not await self.db.guard_holds(f"column {table}.{column}")
+            ]
+        return _needs(job, missing) if missing else None
+
     async def pending_steps(self, jobs: Iterable[Job] = ()) -> list[str]:
         """The names of the steps ``migrate`` would run."""
-        return [name for name, step in self._steps(jobs) if not await self._step_done(name, step)]
+        jobs = list(jobs)
+        skipped = await self._foreign_database_jobs(jobs)
+        steps = self._steps(j for j in jobs if j.name not in skipped)
+        return [name for name, step in steps if not await self._step_done(name, step)]
 
     async def check_migrated(self, jobs: Iterable[Job] = ()) -> None:
         """Raise NotMigratedError unless every schema step's guard holds."""
@@ -261,3 +297,11 @@ class Store:
             claimed=int(counts[4]),
             problems=[(int(r[0]), int(r[1]), int(r[2]), r[3]) for r in rows],
         )
+
+
+def _needs(job: Job, missing: Sequence[str]) -> str:
+    wanted = "; ".join(f"{t}({', '.join(c)})" for t, c in job.requires.items())
+    return (
+        f"job {job.name!r} needs {', '.join(missing)}, missing from this database "
+        f"(it reads {wanted}): create them, or point --db at the database that has them"
+    )

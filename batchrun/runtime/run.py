@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from batchrun.db.store import MAX_ID, Scope, State
 from batchrun.engine import Progress, Runner
-from batchrun.errors import QueueError
+from batchrun.errors import NotMigratedError, QueueError
 from batchrun.job import Context, Job
 from batchrun.mail.base import valid_address
 from batchrun.period import Period
@@ -77,6 +77,9 @@ async def run_period(
     """Run ``job`` over ``period`` (entities with ids in (after, until])."""
     summary = new_summary(job, period, dry_run)
     started = time.monotonic()
+    missing = await rt.store.missing_requirements(job)
+    if missing is not None:
+        raise NotMigratedError(missing)  # before anything is claimed
     if dry_run:
         await _dry_run(rt, job, period, options, summary, after, until)
         summary.duration_s = time.monotonic() - started

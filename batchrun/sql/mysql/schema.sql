@@ -26,3 +26,7 @@ INSERT IGNORE INTO batchrun_schema (step, applied_at) VALUES (:step, :now);
 
 -- name: explain_prefix
 EXPLAIN
+
+-- name: list_tables
+SELECT table_name FROM information_schema.tables
+WHERE table_schema = DATABASE() AND table_type = 'BASE TABLE';

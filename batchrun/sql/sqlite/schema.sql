@@ -27,3 +27,6 @@ PRAGMA journal_mode = WAL;
 
 -- name: pragma_synchronous
 PRAGMA synchronous = NORMAL;
+
+-- name: list_tables
+SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%';
