@@ -53,6 +53,9 @@ bench-quick: install  ## a smoke run of the benchmark: 20k users, naive at 5k an
 # (.pyc files halve the cold start); without one on PATH the zips ship sources only.
 LAMBDA_PYTHON ?=
 LAMBDA_COMPILE := $(if $(LAMBDA_PYTHON),--compile-with $(LAMBDA_PYTHON))
+# LAMBDA_JOBS: a folder of your job modules to bundle (BATCHRUN_JOBS=/var/task/<folder>/x.py).
+LAMBDA_JOBS ?=
+LAMBDA_COMPILE += $(if $(LAMBDA_JOBS),--jobs-dir $(LAMBDA_JOBS))
 
 .PHONY: lambda
 lambda: install  ## dist/batchrun-lambda.zip (x86_64) and dist/batchrun-lambda-arm64.zip, for python3.12

@@ -166,6 +166,7 @@ class Job:
         description: one line for ``batchrun jobs``.
         sql: the job's named queries (``SqlFolder``); statements named ``migrate_*``
             are its schema steps, applied by ``batchrun db migrate``.
+        migrations: a ``SqlFolder`` of the schema steps, when they live apart from ``sql``.
         templates: the folder of the job's email templates (default: ``templates/``
             beside the job's module).
         requires: table -> columns the job needs; ``run`` stops before claiming
@@ -178,6 +179,7 @@ class Job:
     once_per: ClassVar[Unit | None] = None
     description: ClassVar[str] = ""
     sql: ClassVar[SqlFolder | None] = None
+    migrations: ClassVar[SqlFolder | None] = None
     templates: ClassVar[Path | str | None] = None
     requires: ClassVar[Mapping[str, Sequence[str]]] = {}
     counters: ClassVar[Sequence[str]] = ()

@@ -241,8 +241,13 @@ def build(
     compile_with: str | None = None,
     compile_pyc: bool = True,
     quiet: bool = False,
+    jobs_dir: Path | None = None,
 ) -> Path:
-    """Build the zip and return its path."""
+    """Build the zip and return its path.
+
+    ``jobs_dir``: a folder of job modules (with their sql/ and templates/) bundled at the
+    zip's top level, for ``BATCHRUN_JOBS=/var/task/<folder>/job.py`` (or a module name).
+    """
     with tempfile.TemporaryDirectory(prefix="batchrun-lambda-") as tmp:
         work = Path(tmp)
         wheel = build_wheel(work, quiet=quiet)
@@ -250,6 +255,12 @@ def build(
         target = work / "package"
         install(target, wheel, arch, python, house, quiet=quiet)
         prune(target)
+        if jobs_dir is not None:
+            shutil.copytree(
+                jobs_dir,
+                target / jobs_dir.name,
+                ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+            )
         interpreter = find_compiler(arch, python, compile_with) if compile_pyc else None
         if interpreter is not None:
             compile_all(target, interpreter, quiet=quiet)
@@ -285,6 +296,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar="NAME",
         help="build this sdist-only pure-Python dependency locally (repeatable)",
     )
+    parser.add_argument(
+        "--jobs-dir",
+        type=Path,
+        metavar="DIR",
+        help="bundle this folder of job modules at the zip's top level (BATCHRUN_JOBS)",
+    )
     parser.add_argument("--compile-with", metavar="PYTHON", help="interpreter for the .pyc files")
     parser.add_argument("--no-compile", action="store_true", help="ship sources only")
     parser.add_argument("-q", "--quiet", action="store_true")
@@ -300,6 +317,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         compile_with=args.compile_with,
         compile_pyc=not args.no_compile,
         quiet=args.quiet,
+        jobs_dir=args.jobs_dir,
     )
 
 

@@ -85,10 +85,11 @@ class Store:
         """(recorded name, step): batchrun's own first, then each job's, in order."""
         steps = [(step.name, step) for step in migration_steps(self.db.dialect)]
         for job in jobs:
-            if job.sql is not None:
+            folder = job.migrations or job.sql
+            if folder is not None:
                 steps += [
                     (f"{job.name}.{step.name}", step)
-                    for step in job.sql.migration_steps(self.db.dialect)
+                    for step in folder.migration_steps(self.db.dialect)
                 ]
         return steps
 
