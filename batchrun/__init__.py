@@ -18,7 +18,7 @@ from batchrun.job import Context, Fail, Job, Retry, Skip
 from batchrun.mail.base import valid_address
 from batchrun.period import Period
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Context",

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from conftest import eligible_ids, query, table_digest
+from conftest import eligible_ids, query, run_cli, table_digest
 from typer.testing import CliRunner
 
+import batchrun
 from batchrun.cli import app
 from batchrun.db.sqlite import sqlite_path
 
@@ -542,3 +543,24 @@ def test_help(
     for option in options:
         assert option in out, option
     assert not db_file.exists()
+
+
+def test_version_prints_and_exits_0() -> None:
+    result = run_cli("--version", env={})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"batchrun {batchrun.__version__}"
+
+
+def test_a_global_option_after_the_command_works_as_before_it(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'after.db'}"
+    base = {k: v for k, v in env.items() if k != "BATCHRUN_DB"}
+    assert run_cli("db", "migrate", "--db", url, env=base).returncode == 0
+    after = run_cli("status", "--month", "2025-03", "--json", "--db", url, env=base)
+    before = run_cli("--db", url, "status", "--month", "2025-03", "--json", env=base)
+    assert after.returncode == before.returncode == 0, after.stderr
+    assert json.loads(after.stdout) == json.loads(before.stdout)
+    assert (tmp_path / "after.db").exists()
+    verbose = run_cli("status", "--month", "2025-03", "-v", "--db", url, env=base)
+    assert verbose.returncode == 0, verbose.stderr

@@ -25,10 +25,51 @@ except ImportError:  # pragma: no cover
 __all__ = ["app", "db", "jobs", "main", "queue", "status"]
 
 
+# The global options that take a value, and the flags; `batchrun birthday --db URL` is
+# `batchrun --db URL birthday`.
+GLOBAL_VALUES = frozenset({"--db", "--mail", "--retry-queue", "--from", "--jobs", "--templates"})
+GLOBAL_FLAGS = frozenset({"-v", "-vv", "-vvv", "--verbose"})
+
+
+def hoist_global_options(argv: list[str]) -> list[str]:
+    """Move global options given after the command to before it (where typer reads them)."""
+    head: list[str] = []
+    index = 0
+    while index < len(argv) and argv[index].startswith("-"):  # options before the command
+        head.append(argv[index])
+        if argv[index] in GLOBAL_VALUES and index + 1 < len(argv):
+            index += 1
+            head.append(argv[index])
+        index += 1
+    moved: list[str] = []
+    rest: list[str] = []
+    tail = argv[index:]
+    i = 0
+    while i < len(tail):
+        arg = tail[i]
+        if arg == "--":
+            rest += tail[i:]
+            break
+        name = arg.split("=", 1)[0]
+        if name in GLOBAL_VALUES:
+            moved.append(arg)
+            if "=" not in arg and i + 1 < len(tail):
+                i += 1
+                moved.append(tail[i])
+        elif arg in GLOBAL_FLAGS:
+            moved.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return [*head, *moved, *rest]
+
+
 def main() -> None:
     """Console-script entry point: usage errors as one line, exit 2."""
     try:
-        code = app(prog_name="batchrun", standalone_mode=False)
+        code = app(
+            args=hoist_global_options(sys.argv[1:]), prog_name="batchrun", standalone_mode=False
+        )
     except click_exceptions.NoArgsIsHelpError as exc:
         exc.show()  # the help screen, as typer shows it
         sys.exit(exc.exit_code)

@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.logging import RichHandler
 
+from batchrun import __version__
 from batchrun.backends import Backends
 from batchrun.engine import StopToken
 from batchrun.errors import BatchrunError, ConfigError
@@ -69,6 +70,12 @@ class Context:
             stop=stop,
             templates_dirs={name: entry.templates_dir for name, entry in registry.items()},
         )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"batchrun {__version__}")
+        raise typer.Exit(0)
 
 
 @app.callback()
@@ -132,8 +139,21 @@ def main_options(
         ),
     ] = None,
     verbose: Annotated[
-        int, typer.Option("--verbose", "-v", count=True, help="More logging; tracebacks.")
+        int,
+        typer.Option(
+            "--verbose",
+            "-v",
+            count=True,
+            metavar="",
+            help="-v: batchrun's progress and tracebacks; -vv: its debug; -vvv: the drivers' too.",
+        ),
     ] = 0,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """batchrun: per-entity batch jobs on your own database (the birthday gift card first)."""
     try:
@@ -157,7 +177,11 @@ def _setup_logging(verbose: int) -> None:
     root = logging.getLogger()
     if not any(isinstance(h, RichHandler) for h in root.handlers):
         root.addHandler(RichHandler(console=stderr, show_path=False, markup=False))
-    root.setLevel(level)
+    # -vv is batchrun's own debug; the drivers' (aiosqlite logs every statement) only at -vvv.
+    root.setLevel(min(level, logging.INFO) if verbose < 3 else level)
+    logging.getLogger("batchrun").setLevel(level)
+    for name in ("aiosqlite", "aiomysql", "asyncio", "aiosmtplib", "httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.DEBUG if verbose >= 3 else logging.INFO)
     # botocore's DEBUG records carry signed request headers (keys, session tokens): the
     # AWS libraries never log below INFO, whatever -v asks for.
     for name in ("botocore", "aiobotocore", "boto3", "urllib3"):
