@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Literal
 
 from batchrun.db.store import FINAL_STATES, Claim, Scope, State
 from batchrun.engine import Runner
+from batchrun.errors import LockTimeoutError
 from batchrun.job import Context, Job
 from batchrun.period import Period
 from batchrun.period import parse as parse_period
@@ -178,7 +179,12 @@ async def _work(
     claims = dict(before)
     if not todo:
         return {}, claims, set()
-    claims.update(await lease.claim(scope, todo, [u for u in todo if u not in before]))
+    try:
+        claims.update(await lease.claim(scope, todo, [u for u in todo if u not in before]))
+    except LockTimeoutError as exc:
+        # Another session holds these ledger rows: their messages come back later.
+        log.warning("%s %s: ledger rows locked, retried later: %s", job.name, scope.period, exc)
+        return {}, claims, set()
     mine = [u for u in todo if claims[u].owner == lease.me and claims[u].state not in FINAL_STATES]
     outcomes: dict[int, Outcome] = {}
     recorder = Recorder(rt.store, rt.queue, lease, summary=None, enqueue=False)

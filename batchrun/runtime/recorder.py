@@ -102,6 +102,14 @@ class Recorder:
                 lost = self.lease.note_lost(scope, ids, changed, "recorded them")
                 if self.summary is not None:
                     self.summary.lost_claims += lost
+                    # The other run's now: two runs' counts still add up to the period's.
+                    taken = len(ids) - changed
+                    if state is State.SENT:
+                        self.summary.succeeded -= taken
+                    elif state is State.SKIPPED:
+                        self.summary.skipped -= taken
+                    else:
+                        self.summary.failed -= taken
 
     async def _enqueue(self, scope: Scope, state: State, reason: str, items: list[Item]) -> bool:
         """Queue one message per entity (a retry, or a dead letter); whether they went."""
