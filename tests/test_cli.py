@@ -564,3 +564,43 @@ def test_a_global_option_after_the_command_works_as_before_it(
     assert (tmp_path / "after.db").exists()
     verbose = run_cli("status", "--month", "2025-03", "-v", "--db", url, env=base)
     assert verbose.returncode == 0, verbose.stderr
+
+
+@pytest.mark.parametrize(
+    ("source", "names"),
+    [
+        ("import no_such_module_anywhere\n", "cannot import"),
+        ("import batchrun\n\nclass J(batchrun.Job):\n    name = 'Bad Name'\n", "Bad Name"),
+        (
+            "import batchrun\n\nclass J(batchrun.Job):\n    name = 'nopage'\n\n"
+            "    async def process(self, ctx, row):\n        pass\n",
+            "page",
+        ),
+    ],
+    ids=["import-error", "bad-name", "missing-page"],
+)
+def test_a_broken_job_module_exits_2_with_one_line_naming_it(
+    tmp_path: Path, env: dict[str, str], source: str, names: str
+) -> None:
+    job_file = tmp_path / "broken_job.py"
+    job_file.write_text(source)
+    result = run_cli("--jobs", str(job_file), "jobs", env=env)
+    assert result.returncode == 2, result.stderr
+    shown = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(shown) == 1, result.stderr
+    assert "broken_job.py" in shown[0] and names in shown[0], shown[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_two_jobs_with_one_name_exit_2(tmp_path: Path, env: dict[str, str]) -> None:
+    body = (
+        "import batchrun\n\nclass J(batchrun.Job):\n    name = 'twin'\n\n"
+        "    async def page(self, ctx, after, limit):\n        return []\n\n"
+        "    async def process(self, ctx, row):\n        pass\n"
+    )
+    (tmp_path / "one.py").write_text(body)
+    (tmp_path / "two.py").write_text(body)
+    spec = f"{tmp_path / 'one.py'},{tmp_path / 'two.py'}"
+    result = run_cli("--jobs", spec, "jobs", "--json", env=env)
+    assert result.returncode == 2, result.stderr
+    assert "twin" in result.stderr and len(result.stderr.strip().splitlines()) == 1
