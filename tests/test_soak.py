@@ -394,8 +394,8 @@ def test_soak_a_million_users_with_one_percent_temporary_failures(
                 )
                 cards = cur.fetchall()
                 cur.execute(
-                    "SELECT state, COUNT(*), SUM(owner IS NOT NULL) FROM batchrun_task "
-                    "WHERE year = 2025 GROUP BY state"
+                    "SELECT state, COUNT(*), SUM(owner IS NOT NULL) FROM batchrun_ledger "
+                    "WHERE once_key = '2025' GROUP BY state"
                 )
                 states = {int(s): (int(n), int(held)) for s, n, held in cur.fetchall()}
                 cur.execute("SELECT COUNT(*) FROM batchrun_queue")
