@@ -206,7 +206,13 @@ def assert_month_complete(
 
 
 def display_name(raw: bytes) -> str:
-    """The To header's one display name, parsed the way a mail client reads it."""
+    """The To header's one display name, parsed the way a mail client reads it.
+
+    RFC 2047 §6.2: the fold between two encoded words is not text (clients drop it);
+    Python 3.11's parser keeps it as a space (CPython gh-128110), so it is taken out first.
+    """
+    head, sep, body = raw.partition(b"\r\n\r\n")
+    raw = re.sub(rb"\?=\r\n =\?", b"?==?", head) + sep + body
     parsed = email.message_from_bytes(raw, policy=email.policy.default)
     (address,) = parsed["To"].addresses
     return str(address.display_name)
