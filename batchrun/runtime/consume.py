@@ -87,10 +87,12 @@ async def process(
             summary = await run_period(
                 rt, job, period, run_options, after=message.after_id, until=message.until_id
             )
-            if summary.stopped == BREAKER_REASON:
+            broken = broken or summary.stopped == BREAKER_REASON
+            pinned = message.limit is not None and summary.eligible >= message.limit
+            if summary.stopped == BREAKER_REASON and not pinned:
                 # What it claimed is queued for retry; the rest of the range waits in this
-                # same message for a later delivery.
-                broken = True
+                # same message for a later delivery. (A limited one claimed its whole share
+                # and queued it: delivered again, it would take a second share.)
                 delay = max(
                     rt.settings.lease_s,
                     backoff_s(

@@ -139,7 +139,25 @@ class Pager:
             while self.unyielded and not self.stop.stopping:
                 yield self.unyielded.popleft()
 
-    async def _claim_and_prepare(self, rows: list[dict[str, Any]], *, fresh: bool) -> list[Item]:
+    async def claim_rest(self) -> None:
+        """Claim what is left of the run's share (``page_limit``) into ``unyielded``, not
+        prepared: a run with ``--limit`` whose breaker opened queues its whole share for
+        retry, rather than hand a continuation on that a rerun's would double."""
+        while (limit := self.page_limit()) > 0:
+            rows = await page(self.job, self.ctx, self.cursor, limit)
+            if not rows:
+                self.done = not self.foreign
+                return
+            self.cursor = rows[-1]["id"]
+            in_range = [r for r in rows if r["id"] <= self.until]
+            await self._claim_and_prepare(in_range, fresh=False, prepare=False)
+            if len(in_range) < len(rows):
+                self.done = not self.foreign
+                return
+
+    async def _claim_and_prepare(
+        self, rows: list[dict[str, Any]], *, fresh: bool, prepare: bool = True
+    ) -> list[Item]:
         """Claim the unfinished ``rows``, ``prepare`` them; queue them in ``unyielded``.
 
         Claimed entities wait in ``unyielded`` until the runner takes them: if the run
@@ -183,7 +201,7 @@ class Pager:
                 # was tried is taken over by the wait in _foreign, never dropped.
                 self.foreign.add(row["id"])
         self.on_claimed(len(items))
-        if items:
+        if items and prepare:
             await self.job.prepare(self.ctx, [i.row for i in items])
         self.unyielded.extend(items)
         return []

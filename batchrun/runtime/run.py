@@ -3,6 +3,9 @@
 Each entity ends succeeded, skipped, failed for good, queued for retry, or released for
 the next run (a stop); on a stop with ``handoff`` (the Lambda, a worker) the rest of the
 period goes on through the queue as a continuation carrying what is left of ``--limit``.
+When the circuit breaker opens in a run with ``--limit``, the run claims the rest of its
+share and queues it for retry instead: its share is then fixed, so a rerun's hand-off
+cannot add a second one.
 """
 
 from __future__ import annotations
@@ -167,6 +170,8 @@ async def _run(
     try:
         result = await runner.run(pager.items(), worker.work)
         await recorder.close()
+        if breaker.open and options.limit is not None:
+            await pager.claim_rest()
         leftover = [
             i
             for i in [*result.not_started, *result.cancelled, *pager.unyielded, *worker.unstarted]
