@@ -1027,7 +1027,7 @@ def test_hostile_and_odd_user_data_is_handled_counted_and_reported(
     by_user = {user_of(m.message_id)[1]: m for m in smtp_server.messages}
     assert set(by_user) == mailed
     emails = dict(query(db_url, "SELECT id, email FROM user"))
-    headers = {"From", "To", "Subject", "Date", "Message-ID", "X-Batchrun-Id"}
+    headers = {"From", "To", "Subject", "Date", "Message-ID", "X-Batchrun-Id", "Auto-Submitted"}
     headers |= {"MIME-Version", "Content-Type"}
     for uid, message in by_user.items():
         assert message.recipients == [emails[uid]], "one envelope recipient: the user"

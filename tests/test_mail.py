@@ -99,6 +99,7 @@ def test_control_characters_in_name_or_subject_never_add_a_header(hostile: str) 
             "Date",
             "Message-ID",
             "X-Batchrun-Id",
+            "Auto-Submitted",
             "MIME-Version",
             "Content-Type",
         ]

@@ -513,6 +513,7 @@ HEADERS = {
     "Date",
     "Message-ID",
     "X-Batchrun-Id",
+    "Auto-Submitted",
     "MIME-Version",
     "Content-Type",
 }

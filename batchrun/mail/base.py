@@ -85,6 +85,8 @@ class Message:
     text: str
     html: str  # "" for a text-only message
     message_id: str  # stable per (job, year, user), e.g. "<birthday.2025.42@example.com>"
+    # More header fields, as (name, value): ASCII, one line each (List-Unsubscribe ...).
+    headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def envelope_sender(self) -> str:
@@ -101,14 +103,16 @@ class Message:
 
         Built directly rather than through ``email.message`` (which costs ~2 ms a message
         and would make the CPU, not the mail server, the limit); ``to_email`` parses it
-        back, and the tests check the two agree. Raises ValueError when an address or the
-        Message-ID holds a line break or control character: addresses are never silently
+        back, and the tests check the two agree. Raises ValueError when an address, the
+        Message-ID or an extra header holds a line break or control character (or an extra
+        header is not plain ASCII or is too long for one line): they are never silently
         rewritten, so the caller must reject them. Names and subject are free text and are
         cleaned instead, so they can never add a header.
         """
         for value in (self.sender, self.to_addr, self.message_id):
             if _unsafe(value):
                 raise ValueError(f"header value contains a line break: {value!r}")
+        extra = "".join([_extra_header(n, v) for n, v in self.headers]) if self.headers else ""
         # No part can contain the boundary: base64 has no '_'. Random only by convention,
         # so the cheap generator does (a urandom call per message showed in profiles).
         boundary = f"=_batchrun_{random.getrandbits(96):024x}"
@@ -121,6 +125,9 @@ class Message:
             # SES replaces Message-ID with its own; this copy survives, so a downstream
             # system can still drop the one duplicate a crash may cause (invariant 3).
             f"\r\nX-Batchrun-Id: {self.message_id}"
+            # RFC 3834: no auto-reply (vacation, out-of-office) should answer this message.
+            "\r\nAuto-Submitted: auto-generated"
+            f"{extra}"
             "\r\nMIME-Version: 1.0"
         )
         if not self.html:  # a text-only message: one part, no multipart wrapper
@@ -149,6 +156,48 @@ class Message:
 
 def _unsafe(value: str) -> bool:
     return _UNSAFE.search(value) is not None
+
+
+# RFC 5322 field names: printable ASCII but the colon.
+_FIELD_NAME = re.compile(r"[!-9;-~]+")
+# Fields to_bytes writes itself, and the ones that would name more recipients: an extra
+# field may not repeat or add them.
+_OWN_FIELDS = frozenset(
+    {
+        "from",
+        "to",
+        "cc",
+        "bcc",
+        "subject",
+        "date",
+        "message-id",
+        "x-batchrun-id",
+        "auto-submitted",
+        "mime-version",
+        "content-type",
+        "content-transfer-encoding",
+    }
+)
+_MAX_WIRE_LINE = 998  # RFC 5322's hard limit, CRLF excluded
+
+
+def _extra_header(name: str, value: str) -> str:
+    """``CRLF name: value``, or ValueError for a field that could break the header block."""
+    line = f"\r\n{name}: {value}"
+    if (
+        not _field_name(name)
+        or _UNSAFE.search(value) is not None
+        or not value.isascii()
+        or len(line) - 2 > _MAX_WIRE_LINE
+    ):
+        raise ValueError(f"unusable header field {name!r}: {value[:80]!r}")
+    return line
+
+
+@functools.lru_cache(maxsize=64)
+def _field_name(name: str) -> bool:
+    # A message's extra fields are the same few names every time: checked once each.
+    return _FIELD_NAME.fullmatch(name) is not None and name.lower() not in _OWN_FIELDS
 
 
 # Every message of a run has the same sender: parse it once, not twice per message.
