@@ -10,9 +10,9 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
-from batchrun.db.base import Database, JobDatabase
+from batchrun.db.base import Database, JobDatabase, Row
 from batchrun.db.sql import Statement, migration_steps
 from batchrun.errors import NotMigratedError
 
@@ -32,6 +32,20 @@ class State(IntEnum):
 
 FINAL_STATES = frozenset({State.SENT, State.SKIPPED, State.FAILED})
 MAX_ID = 2**63 - 1  # the largest id a BIGINT column (and SQLite's INTEGER) can hold
+
+Reason = Literal["unsubscribe", "bounce", "complaint", "manual"]
+REASONS: tuple[Reason, ...] = get_args(Reason)
+MAX_ADDRESS_CHARS = 254
+MAX_SOURCE_CHARS = 100
+_LOOKUP_CHUNK = 1000  # addresses per IN list: well under every driver's parameter limit
+
+
+def address_key(address: str) -> str:
+    """The suppression list's key for ``address``: the local part as given, ``@``, the
+    domain lower-cased (domains are case-insensitive; local parts are the receiving
+    server's business, RFC 5321 section 2.4)."""
+    local, at, domain = address.rpartition("@")
+    return f"{local}@{domain.lower()}" if at else address
 
 
 def now_ms() -> int:
@@ -72,8 +86,18 @@ class StatusCounts:
     problems: list[tuple[int, int, int, str | None]]
 
 
+@dataclass(frozen=True, slots=True)
+class Suppression:
+    """One address no job may mail: why, where that came from, since when (epoch ms)."""
+
+    address: str  # the normalised key (address_key)
+    reason: str
+    source: str
+    created_at: int
+
+
 class Store:
-    """Schema and ledger operations over a Database."""
+    """Schema, ledger and suppression-list operations over a Database."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -298,6 +322,58 @@ class Store:
             claimed=int(counts[4]),
             problems=[(int(r[0]), int(r[1]), int(r[2]), r[3]) for r in rows],
         )
+
+    # -- the suppression list -------------------------------------------------------------
+
+    async def suppress(self, address: str, *, reason: Reason, source: str = "") -> bool:
+        """Put ``address`` on the suppression list; whether it was not on it already (an
+        address already there keeps its first reason and source)."""
+        if reason not in REASONS:
+            raise ValueError(f"suppression reason must be one of {', '.join(REASONS)}")
+        key = address_key(address)
+        if not key or len(key) > MAX_ADDRESS_CHARS:
+            raise ValueError(f"not an address to suppress: {address[:80]!r}")
+        changed = await self.db.execute(
+            "suppression_add",
+            address=key,
+            reason=reason,
+            source=source[:MAX_SOURCE_CHARS],
+            now=now_ms(),
+        )
+        return changed > 0
+
+    async def unsuppress(self, address: str) -> bool:
+        """Take ``address`` off the suppression list; whether it was on it."""
+        return await self.db.execute("suppression_remove", address=address_key(address)) > 0
+
+    async def suppression(self, address: str) -> Suppression | None:
+        """The suppression list's entry for ``address``, if any."""
+        row = await self.db.fetchone("suppression_get", address=address_key(address))
+        return _suppression(row) if row is not None else None
+
+    async def suppressed(self, addresses: Iterable[str]) -> dict[str, str]:
+        """The suppressed ones among ``addresses`` (as given), each with its reason: one
+        query per thousand addresses."""
+        by_key: dict[str, list[str]] = {}
+        for address in addresses:
+            by_key.setdefault(address_key(address), []).append(address)
+        keys = [k for k in by_key if 0 < len(k) <= MAX_ADDRESS_CHARS]
+        found: dict[str, str] = {}
+        for start in range(0, len(keys), _LOOKUP_CHUNK):
+            chunk = keys[start : start + _LOOKUP_CHUNK]
+            for key, reason in await self.db.fetchall("suppression_of", addresses=chunk):
+                for address in by_key.get(str(key), ()):
+                    found[address] = str(reason)
+        return found
+
+    async def suppressions(self, *, after: str = "", limit: int = 1000) -> list[Suppression]:
+        """A page of the suppression list in address order, addresses above ``after``."""
+        rows = await self.db.fetchall("suppression_page", after=after, limit=limit)
+        return [_suppression(r) for r in rows]
+
+
+def _suppression(row: Row) -> Suppression:
+    return Suppression(str(row[0]), str(row[1]), str(row[2]), int(row[3]))
 
 
 def _needs(job: Job, missing: Sequence[str]) -> str:

@@ -58,3 +58,18 @@ INSERT IGNORE INTO batchrun_ledger
 SELECT job, LPAD(year, 4, '0'), user_id, CONCAT(LPAD(year, 4, '0'), '-', LPAD(month, 2, '0')),
   state, attempts, owner, lease_until, queued, last_error, updated_at
 FROM batchrun_task;
+
+-- name: migrate_0020_suppression
+-- unless: table batchrun_suppression
+-- The suppression list (see common/suppression.sql). address is the normalised key: the
+-- local part as given, '@', the domain lower-cased. Binary collation: the local part
+-- compares exactly (RFC 5321 leaves its case to the receiving server), not the way the
+-- database's default collation would (case- and accent-insensitive).
+CREATE TABLE IF NOT EXISTS batchrun_suppression (
+  address VARCHAR(254) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+  reason VARCHAR(16) NOT NULL,
+  source VARCHAR(100) NOT NULL DEFAULT '',
+  created_at BIGINT NOT NULL,
+  CONSTRAINT chk_batchrun_suppression_reason
+    CHECK (reason IN ('unsubscribe', 'bounce', 'complaint', 'manual'))
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;

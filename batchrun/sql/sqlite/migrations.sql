@@ -74,3 +74,14 @@ INSERT OR IGNORE INTO batchrun_ledger
 SELECT job, printf('%04d', year), user_id, printf('%04d-%02d', year, month),
   state, attempts, owner, lease_until, queued, last_error, updated_at
 FROM batchrun_task;
+
+-- name: migrate_0020_suppression
+-- unless: table batchrun_suppression
+-- The suppression list (see common/suppression.sql). address is the normalised key: the
+-- local part as given, '@', the domain lower-cased; TEXT compares exactly (BINARY).
+CREATE TABLE IF NOT EXISTS batchrun_suppression (
+  address TEXT NOT NULL PRIMARY KEY,
+  reason TEXT NOT NULL CHECK (reason IN ('unsubscribe', 'bounce', 'complaint', 'manual')),
+  source TEXT NOT NULL DEFAULT '',
+  created_at INTEGER NOT NULL
+) WITHOUT ROWID;
