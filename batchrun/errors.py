@@ -2,6 +2,7 @@
 
     BatchrunError                    anything batchrun reports as one clear line
     ├── UsageError                   bad input from the user (exit 2)
+    │   └── InvalidTokenError        an unsubscribe token that is forged, altered or truncated
     ├── ConfigError                  an unusable setting or URL (exit 2)
     │   └── TemplateError            an email template is missing, broken or lacks a variable
     ├── DatabaseError                the database failed or cannot be reached
@@ -32,6 +33,14 @@ class UsageError(BatchrunError):
     """Bad input on the command line or in an event."""
 
     exit_code = 2
+
+
+class InvalidTokenError(UsageError):
+    """An unsubscribe token that is forged, altered, truncated or signed with another
+    secret: nothing in it is trusted, and the message names nothing from it."""
+
+    def __init__(self) -> None:
+        super().__init__("not a valid unsubscribe token (altered, truncated or signed elsewhere)")
 
 
 class ConfigError(BatchrunError):

@@ -20,7 +20,7 @@ happen once per ``once_per`` period, pacing, retries, hand-offs and the summary.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -68,9 +68,11 @@ class Database(Protocol):
 
 
 class Effects(Protocol):
-    """What the runtime lends a context: the mail path and the counters."""
+    """What the runtime lends a context: the mail path, the suppression list, the counters."""
 
     async def send_email(self, ctx: Context, **fields: Any) -> None: ...
+
+    async def suppressed(self, addresses: Iterable[str]) -> dict[str, str]: ...
 
     def count(self, name: str, n: int) -> None: ...
 
@@ -136,8 +138,10 @@ class Context:
 
         Either ``subject`` and ``text`` (``html`` optional), or a ``template`` whose
         ``subject.txt``, ``body.txt`` and ``body.html`` are rendered with ``variables``.
-        Its Message-ID and ``X-Batchrun-Id`` derive from ``key``. Raises ``Skip`` for an
-        address that fails a plain syntax check.
+        Its Message-ID and ``X-Batchrun-Id`` derive from ``key``; with one-click
+        unsubscribe configured it carries ``List-Unsubscribe`` and the templates get
+        ``unsubscribe_url``. Raises ``Skip`` for an address that fails a plain syntax
+        check, and ``Skip("suppressed: <reason>")`` for one on the suppression list.
         """
         await self._effects.send_email(
             self,
@@ -149,6 +153,18 @@ class Context:
             template=template,
             variables=variables,
         )
+
+    async def suppressed(self, addresses: Iterable[str]) -> dict[str, str]:
+        """The addresses among ``addresses`` that are on the suppression list, each with
+        its reason (``unsubscribe``, ``bounce``, ``complaint`` or ``manual``).
+
+        Domains compare case-insensitively. Call it in ``prepare`` to leave suppressed
+        entities out of batched effects (the birthday job creates no card for them) and
+        skip them in ``process`` with ``Skip(f"suppressed: {reason}")``. One query for the
+        whole list, and none for addresses already looked up: batchrun looks up each
+        page's ``email`` column before ``prepare``, and ``send_email`` reuses the answers.
+        """
+        return await self._effects.suppressed(addresses)
 
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``name``, reported as a key of the run's JSON summary."""

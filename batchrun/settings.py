@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from batchrun.errors import ConfigError
 
@@ -47,6 +48,44 @@ def _int(env: Mapping[str, str], key: str, default: int, *, minimum: int = 0) ->
     return int(_float(env, key, default, minimum=minimum))
 
 
+MIN_SECRET_CHARS = 16
+MAX_UNSUBSCRIBE_URL_CHARS = 300  # List-Unsubscribe must stay on one line of at most 998
+
+
+def _unsubscribe(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """BATCHRUN_UNSUBSCRIBE_URL and BATCHRUN_UNSUBSCRIBE_SECRET: both, or neither."""
+    url = env.get("BATCHRUN_UNSUBSCRIBE_URL") or None
+    secret = env.get("BATCHRUN_UNSUBSCRIBE_SECRET") or None
+    if (url is None) != (secret is None):
+        missing = "BATCHRUN_UNSUBSCRIBE_SECRET" if secret is None else "BATCHRUN_UNSUBSCRIBE_URL"
+        raise ConfigError(f"one-click unsubscribe needs {missing} too (set both, or neither)")
+    if secret is not None and len(secret) < MIN_SECRET_CHARS:
+        # The message never holds the secret itself.
+        raise ConfigError(
+            f"BATCHRUN_UNSUBSCRIBE_SECRET must be at least {MIN_SECRET_CHARS} characters "
+            "(e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+        )
+    if url is not None:
+        try:
+            parts = urlsplit(url)
+        except ValueError:
+            parts = urlsplit("")
+        if (
+            parts.scheme not in ("https", "http")
+            or not parts.netloc
+            or parts.query
+            or parts.fragment
+            or not url.isascii()
+            or any(c.isspace() or ord(c) < 32 or c in '<>"' for c in url)
+            or len(url) > MAX_UNSUBSCRIBE_URL_CHARS
+        ):
+            raise ConfigError(
+                f"BATCHRUN_UNSUBSCRIBE_URL must be an https:// base URL (no query, at most "
+                f"{MAX_UNSUBSCRIBE_URL_CHARS} characters) that tokens go under, got {url[:80]!r}"
+            )
+    return url, secret
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything configurable; CLI options override the environment through ``replace``."""
@@ -70,6 +109,9 @@ class Settings:
     scheduled_jobs: str | None = None  # the Lambda's: the jobs a scheduled event runs
     jobs: str | None = None  # --jobs: modules or .py files defining jobs, comma-separated
     templates_dir: str | None = None  # --templates: email templates overriding the jobs' own
+    # One-click unsubscribe: the base URL tokens go under, and the secret that signs them.
+    unsubscribe_url: str | None = None
+    unsubscribe_secret: str | None = field(default=None, repr=False)
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)  # jobs read it: ctx.env
 
     @classmethod
@@ -78,6 +120,7 @@ class Settings:
         env = os.environ if environ is None else environ
         margin = env.get("BATCHRUN_DEADLINE_MARGIN_MS")
         rate = env.get("BATCHRUN_RATE")
+        unsubscribe_url, unsubscribe_secret = _unsubscribe(env)
         return cls(
             db_url=env.get("BATCHRUN_DB") or DEFAULT_DB,
             mail_url=env.get("BATCHRUN_MAIL") or DEFAULT_MAIL,
@@ -98,6 +141,8 @@ class Settings:
             jobs=env.get("BATCHRUN_JOBS") or None,
             scheduled_jobs=env.get("BATCHRUN_SCHEDULED_JOBS") or None,
             templates_dir=env.get("BATCHRUN_TEMPLATES") or None,
+            unsubscribe_url=unsubscribe_url,
+            unsubscribe_secret=unsubscribe_secret,
             environ=dict(env),
         )
 

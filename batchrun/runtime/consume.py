@@ -25,7 +25,7 @@ from batchrun.queue.base import PoisonMessage, QueueMessage, Received, backoff_s
 from batchrun.ratelimit import AdaptiveRate
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.outcomes import Outcome
-from batchrun.runtime.pager import recheck
+from batchrun.runtime.pager import prepare, recheck
 from batchrun.runtime.recorder import Item, Recorder
 from batchrun.runtime.reports import Summary
 from batchrun.runtime.run import Options, run_period
@@ -140,7 +140,9 @@ async def _entities(
                 stop=stop,
                 limiter=limiter,
                 templates=rt.templates(job),
+                store=rt.store,
             )
+            rt.warn_without_unsubscribe()
             ctx = Context(job, period, rt.store.jobdb, sender, env=rt.settings.environ)
             scope = Scope(job.name, str(ctx.once), str(period))
             outcomes, claims, lost = await _work(
@@ -202,7 +204,7 @@ async def _work(
             outcomes[item.id] = Outcome(State.SKIPPED, NOT_ELIGIBLE)
             await recorder.record(item, outcomes[item.id])
         if items:
-            await job.prepare(ctx, [i.row for i in items])
+            await prepare(job, ctx, [i.row for i in items])
         worker = _worker(rt, job, ctx, lease, recorder, limiter, outcomes)
         runner: Runner[Item] = Runner(
             concurrency=options.concurrency,

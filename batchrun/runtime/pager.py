@@ -50,6 +50,16 @@ async def recheck(job: Job, ctx: Context, entity_id: int) -> dict[str, Any] | No
     return rows[0] if rows and rows[0]["id"] == entity_id else None
 
 
+async def prepare(job: Job, ctx: Context, rows: list[dict[str, Any]]) -> None:
+    """``job.prepare``, once the page's addresses (its ``email`` column, when it has one)
+    are looked up on the suppression list: one query a page, whose answers ``prepare``'s
+    own ``ctx.suppressed`` and every ``send_email`` of the page reuse."""
+    addresses = [a for r in rows if isinstance(a := r.get("email"), str)]
+    if addresses:
+        await ctx.suppressed(addresses)
+    await job.prepare(ctx, rows)
+
+
 def unfinished(rows: Sequence[dict[str, Any]], ledger: dict[int, Claim]) -> list[dict[str, Any]]:
     """The rows whose ledger entry (if any) is not final."""
     return [r for r in rows if (c := ledger.get(r["id"])) is None or c.state not in FINAL_STATES]
@@ -150,13 +160,13 @@ class Pager:
                 return
             self.cursor = rows[-1]["id"]
             in_range = [r for r in rows if r["id"] <= self.until]
-            await self._claim_and_prepare(in_range, fresh=False, prepare=False)
+            await self._claim_and_prepare(in_range, fresh=False, with_prepare=False)
             if len(in_range) < len(rows):
                 self.done = not self.foreign
                 return
 
     async def _claim_and_prepare(
-        self, rows: list[dict[str, Any]], *, fresh: bool, prepare: bool = True
+        self, rows: list[dict[str, Any]], *, fresh: bool, with_prepare: bool = True
     ) -> list[Item]:
         """Claim the unfinished ``rows``, ``prepare`` them; queue them in ``unyielded``.
 
@@ -201,7 +211,7 @@ class Pager:
                 # was tried is taken over by the wait in _foreign, never dropped.
                 self.foreign.add(row["id"])
         self.on_claimed(len(items))
-        if items and prepare:
-            await self.job.prepare(self.ctx, [i.row for i in items])
+        if items and with_prepare:
+            await prepare(self.job, self.ctx, [i.row for i in items])
         self.unyielded.extend(items)
         return []

@@ -118,7 +118,9 @@ async def _run(
         stop=stop,
         limiter=limiter,
         templates=rt.templates(job),
+        store=rt.store,
     )
+    rt.warn_without_unsubscribe()
     ctx = Context(job, period, rt.store.jobdb, sender, env=rt.settings.environ)
     scope = scope_of(ctx)
     recorder = Recorder(rt.store, rt.queue, lease, summary=summary, enqueue=True)
@@ -245,10 +247,11 @@ async def _dry_run(
     after: int,
     until: int,
 ) -> None:
-    """Count what a run would do: ``page`` and ledger reads only, nothing written.
+    """Count what a run would do: ``page``, ledger and suppression-list reads only,
+    nothing written.
 
     A row's ``email`` (when the page has one) is checked as ``send_email`` would: an
-    invalid address is counted skipped.
+    invalid or suppressed address is counted skipped.
     """
     sender = Sender(
         None,
@@ -258,6 +261,7 @@ async def _dry_run(
         stop=rt.stop,
         limiter=None,
         templates=None,
+        store=rt.store,
     )
     ctx = Context(job, period, rt.store.jobdb, sender, dry_run=True, env=rt.settings.environ)
     scope = scope_of(ctx)
@@ -276,9 +280,10 @@ async def _dry_run(
                 in_range, await rt.store.claims_of(scope, [r["id"] for r in in_range])
             )
         summary.eligible += len(in_range)
-        summary.skipped += sum(
-            1 for r in in_range if "email" in r and not valid_address(r["email"] or "")
-        )
+        addresses = [r["email"] for r in in_range if "email" in r]
+        valid = [a for a in addresses if isinstance(a, str) and valid_address(a)]
+        suppressed = await ctx.suppressed(valid) if valid else {}
+        summary.skipped += len(addresses) - len(valid) + sum(1 for a in valid if a in suppressed)
         if options.on_progress:
             options.on_progress(Progress("done", len(in_range)))
         if len(in_range) < len(rows) or rt.stop.stopping:

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,16 +25,23 @@ from batchrun.runtime.reports import FanOut, RetrySummary, Summary
 from batchrun.runtime.run import Options, run_period
 from batchrun.runtime.sending import CircuitBreaker, make_limiter
 from batchrun.settings import Settings
+from batchrun.urls import scheme_of
 
 if TYPE_CHECKING:
     from batchrun.templates import Templates
 
 
 class _NoEffects:
-    """The effects of a context that must not act (``status``)."""
+    """The effects of a context that must not act (``status``): it may read the list."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     async def send_email(self, ctx: Context, **fields: Any) -> None:
         raise RuntimeError("no email from here")
+
+    async def suppressed(self, addresses: Iterable[str]) -> dict[str, str]:
+        return await self.store.suppressed(addresses)
 
     def count(self, name: str, n: int) -> None:
         pass
@@ -79,6 +86,7 @@ class Runtime:
         self._retry_limiter_made = False
         # One breaker for the queue consumers: connection failures count across batches.
         self.breaker = CircuitBreaker(settings.breaker_threshold)
+        self._warned_unsubscribe = False
 
     @property
     def job(self) -> Job:
@@ -96,6 +104,17 @@ class Runtime:
             found = Templates([p for p in (override, folder, DEFAULTS) if p is not None])
             self._templates[job.name] = found
         return found
+
+    def warn_without_unsubscribe(self) -> None:
+        """Once per runtime: mail to real mailboxes (SMTP, SES) without one-click unsubscribe."""
+        if self._warned_unsubscribe or self.settings.unsubscribe_secret is not None:
+            return
+        if scheme_of(self.settings.mail_url) in ("smtp", "smtps", "ses"):
+            self._warned_unsubscribe = True
+            log.warning(
+                "emails go out without one-click unsubscribe: Gmail and Yahoo require it of "
+                "bulk senders; set BATCHRUN_UNSUBSCRIBE_URL and BATCHRUN_UNSUBSCRIBE_SECRET"
+            )
 
     async def retry_limiter(self, options: Options) -> AdaptiveRate | None:
         if not self._retry_limiter_made:
@@ -151,7 +170,12 @@ class Runtime:
         which = self._job(job)
         counts = await self.store.status(job=which.name, period=str(period), problems=problems)
         ctx = Context(
-            which, period, self.store.jobdb, _NoEffects(), dry_run=True, env=self.settings.environ
+            which,
+            period,
+            self.store.jobdb,
+            _NoEffects(self.store),
+            dry_run=True,
+            env=self.settings.environ,
         )
         return {
             "succeeded": counts.succeeded,
@@ -174,6 +198,7 @@ class Runtime:
 
         class Capture(Sender):
             async def send_email(self, ctx: Context, **fields: Any) -> None:
+                await self.check(fields["to"])
                 captured.append(self.message(ctx, **fields))
 
         sender = Capture(
@@ -184,6 +209,7 @@ class Runtime:
             stop=self.stop,
             limiter=None,
             templates=self.templates(which),
+            store=self.store,
         )
         ctx = Context(
             which, period, self.store.jobdb, sender, dry_run=True, env=self.settings.environ

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from email.utils import parseaddr
 from typing import TYPE_CHECKING, Any, Literal
 
+from batchrun import unsubscribe
 from batchrun.errors import ThrottledError
 from batchrun.job import Context, Retry, Skip
 from batchrun.mail.base import Mailer, Message, valid_address
@@ -21,6 +23,7 @@ from batchrun.ratelimit import AdaptiveRate
 from batchrun.settings import Settings
 
 if TYPE_CHECKING:
+    from batchrun.db.store import Store
     from batchrun.engine import StopToken
     from batchrun.runtime.lease import Lease
     from batchrun.runtime.reports import Summary
@@ -31,6 +34,7 @@ log = logging.getLogger(__name__)
 MAX_THROTTLED = 20  # sends of one message under throttling before it goes to the retry queue
 DEFAULT_AUTO_RATE = 10.0  # where --rate auto starts when the provider does not say its limit
 BREAKER_REASON = "mail backend unreachable (circuit breaker open)"
+KEEP_LOOKED_UP = 10_000  # suppression answers kept per generation: a few pages' worth
 
 
 class CircuitBreaker:
@@ -76,8 +80,47 @@ async def make_limiter(
     return AdaptiveRate(rate, ceiling=rate)
 
 
+class Suppressions:
+    """The suppression list as one run sees it: looked up a page at a time (the pager asks
+    for each page's addresses before ``prepare``), the answers kept for ``send_email``.
+
+    Two generations of at most ``keep`` answers each: a page still being worked on when
+    the next one is looked up keeps its answers, and memory stays bounded in a long run.
+    """
+
+    def __init__(self, store: Store | None, keep: int = KEEP_LOOKED_UP) -> None:
+        self.store = store  # None: no list (a unit test's context)
+        self.keep = keep
+        self.queries = 0
+        self._recent: dict[str, str | None] = {}  # address as given -> reason, None if not
+        self._older: dict[str, str | None] = {}
+
+    async def reasons(self, addresses: Iterable[str]) -> dict[str, str]:
+        """The suppressed ones among ``addresses``, with their reasons."""
+        found: dict[str, str] = {}
+        unknown: list[str] = []
+        for address in addresses:
+            reason = self._recent.get(address, self._older.get(address, ""))
+            if reason == "":  # not looked up yet (no reason is empty)
+                unknown.append(address)
+            elif reason is not None:
+                found[address] = reason
+        if unknown and self.store is not None:
+            answers = await self.store.suppressed(unknown)
+            self.queries += 1
+            if len(self._recent) + len(unknown) > self.keep:
+                self._older, self._recent = self._recent, {}
+            for address in unknown:
+                reason = answers.get(address)
+                self._recent[address] = reason
+                if reason is not None:
+                    found[address] = reason
+        return found
+
+
 class Sender:
-    """The effects a run lends its contexts: email through one mailer, and the counters."""
+    """The effects a run lends its contexts: email through one mailer, the suppression
+    list, and the counters."""
 
     def __init__(
         self,
@@ -89,6 +132,7 @@ class Sender:
         stop: StopToken,
         limiter: AdaptiveRate | None,
         templates: Templates | None,
+        store: Store | None = None,
     ) -> None:
         self.mailer = mailer
         self.settings = settings
@@ -103,10 +147,23 @@ class Sender:
         name, address = parseaddr(settings.sender)
         self.domain = address.rpartition("@")[2] or "localhost"
         self.defaults: dict[str, Any] = {"brand": name or None}
+        self.signer = unsubscribe.Signer.from_settings(settings)
+        self.suppressions = Suppressions(store)
 
     def count(self, name: str, n: int) -> None:
         if self.summary is not None:
             self.summary.count(name, n)
+
+    async def suppressed(self, addresses: Iterable[str]) -> dict[str, str]:
+        return await self.suppressions.reasons(addresses)
+
+    async def check(self, to: str) -> None:
+        """Skip an address no email may go to: an invalid one, or one on the suppression list."""
+        if not valid_address(to):
+            raise Skip("invalid email address")
+        reason = (await self.suppressions.reasons((to,))).get(to)
+        if reason is not None:
+            raise Skip(f"suppressed: {reason}")
 
     def message(
         self,
@@ -121,6 +178,11 @@ class Sender:
         variables: dict[str, Any],
     ) -> Message:
         """The email ``send_email`` would send (``batchrun preview`` shows it)."""
+        headers: tuple[tuple[str, str], ...] = ()
+        if self.signer is not None:
+            url = self.signer.url(ctx.job.name, to)
+            headers = unsubscribe.headers(url)
+            variables = {"unsubscribe_url": url, **variables}
         if template is not None:
             if self.templates is None:
                 raise LookupError(f"job {ctx.job.name!r} has no templates")
@@ -139,11 +201,11 @@ class Sender:
             html=html or "",
             # Stable per (job, once_per period, entity): a duplicate carries the same one.
             message_id=f"<{ctx.key.replace(':', '.')}@{self.domain}>",
+            headers=headers,
         )
 
     async def send_email(self, ctx: Context, **fields: Any) -> None:
-        if not valid_address(fields["to"]):
-            raise Skip("invalid email address")
+        await self.check(fields["to"])
         message = self.message(ctx, **fields)
         if self.mailer is None:
             raise RuntimeError("no mailer: a dry run sends nothing")

@@ -35,8 +35,11 @@ class Birthday(batchrun.Job):
         return await ctx.db.fetch(ctx.sql("page"), month=ctx.period.month, after=after, limit=limit)
 
     async def prepare(self, ctx: Context, rows: list[dict[str, Any]]) -> None:
-        """Ensure every valid user of the page has a card (one multi-row insert-ignore)."""
+        """Ensure every valid user of the page has a card (one multi-row insert-ignore);
+        a suppressed address gets none."""
         users = [r for r in rows if valid_address(r["email"])]
+        suppressed = await ctx.suppressed([r["email"] for r in users])
+        users = [r for r in users if r["email"] not in suppressed]
         if not users:
             return
         prefix = f"{self.name}:{ctx.once}:"
@@ -79,6 +82,9 @@ class Birthday(batchrun.Job):
     async def process(self, ctx: Context, row: dict[str, Any]) -> None:
         if not valid_address(row["email"]):
             raise batchrun.Skip("invalid email address")
+        reason = (await ctx.suppressed([row["email"]])).get(row["email"])
+        if reason is not None:  # before the card check: prepare made none
+            raise batchrun.Skip(f"suppressed: {reason}")
         if "code" not in row and ctx.dry_run:  # batchrun preview: prepare did not run
             found = await ctx.db.fetch(ctx.sql("cards_by_key"), keys=[ctx.key])
             row["code"] = str(found[0]["gift_code"]) if found else "0" * gift_codes.LENGTH
