@@ -304,6 +304,8 @@ def _drop(db_url: str, table: str) -> None:
         ("batchrun_queue", ["status", "--month", "2025-03"]),
         ("batchrun_schema", ["status", "--month", "2025-03"]),
         ("batchrun_queue", ["retry"]),
+        ("batchrun_suppression", ["birthday", "--month", "2025-03", "--json"]),
+        ("batchrun_suppression", ["suppress", "list"]),
     ],
 )
 def test_dropped_batchrun_table(

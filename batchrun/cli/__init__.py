@@ -4,6 +4,7 @@ app.py     the app, global options, settings, jobs, the runtime, errors -> exit 
 jobs.py    birthday, run, jobs, submit, preview
 queue.py   retry, worker
 status.py  status
+suppress.py  suppress add / remove / list, unsubscribe
 db.py      db migrate, db seed, db explain
 output.py  the progress bar and tables
 """
@@ -14,7 +15,7 @@ import sys
 
 import typer
 
-from batchrun.cli import db, jobs, queue, status
+from batchrun.cli import db, jobs, queue, status, suppress
 from batchrun.cli.app import app
 
 try:  # typer 0.2x vendors click; older releases use click itself
@@ -22,7 +23,7 @@ try:  # typer 0.2x vendors click; older releases use click itself
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-__all__ = ["app", "db", "jobs", "main", "queue", "status"]
+__all__ = ["app", "db", "jobs", "main", "queue", "status", "suppress"]
 
 
 # The global options that take a value, and the flags; `batchrun birthday --db URL` is

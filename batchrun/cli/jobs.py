@@ -280,8 +280,9 @@ def preview(
         async with open_backends(settings, jobs=[entry.job]) as backends:
             message = await context.runtime(backends).preview(job, which, entity)
         parsed = message.to_email()
-        for header in ("From", "To", "Subject", "Message-ID"):
-            print(f"{header}: {parsed[header]}")
+        for header in ("From", "To", "Subject", "Message-ID", "List-Unsubscribe"):
+            if header in parsed:
+                print(f"{header}: {parsed[header]}")
         print()
         text = parsed.get_body(("plain",))
         print(text.get_content() if text is not None else "")

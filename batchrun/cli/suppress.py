@@ -1,0 +1,188 @@
+"""``batchrun suppress`` (the suppression list) and ``batchrun unsubscribe TOKEN``."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from batchrun import unsubscribe as unsubscribing
+from batchrun.backends import open_backends
+from batchrun.cli.app import Context, app, run_command, stderr, stdout
+from batchrun.db.store import REASONS, Reason, Suppression, address_key
+from batchrun.errors import ConfigError
+from batchrun.mail.base import valid_address
+
+suppress_app = typer.Typer(
+    no_args_is_help=True,
+    help="The suppression list: addresses no job mails (unsubscribed, bounced, complained, "
+    "or added by hand). Domains compare case-insensitively.",
+)
+app.add_typer(suppress_app, name="suppress")
+
+PAGE = 1000
+
+
+def _address(value: str) -> str:
+    address = value.strip()
+    if not valid_address(address):
+        raise typer.BadParameter(f"{value!r} is not an email address", param_hint="ADDR")
+    return address
+
+
+def _reason(value: str) -> Reason:
+    for reason in REASONS:
+        if value == reason:
+            return reason
+    raise typer.BadParameter(f"must be one of {', '.join(REASONS)}", param_hint="--reason")
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
+
+
+def _json(entry: Suppression) -> dict[str, str]:
+    return {
+        "address": entry.address,
+        "reason": entry.reason,
+        "source": entry.source,
+        "created_at": _when(entry.created_at),
+    }
+
+
+@suppress_app.command("add")
+def suppress_add(
+    ctx: typer.Context,
+    address: Annotated[str, typer.Argument(metavar="ADDR", help="The address to stop mailing.")],
+    reason: Annotated[
+        str,
+        typer.Option("--reason", metavar="|".join(REASONS), help="Why it is suppressed."),
+    ] = "manual",
+    source: Annotated[
+        str, typer.Option("--source", help="Where the request came from (at most 100 chars).")
+    ] = "cli",
+) -> None:
+    """Stop every job mailing ADDR: a run skips it ("suppressed: REASON") before any effect."""
+    context: Context = ctx.obj
+    addr = _address(address)
+    why = _reason(reason)
+
+    async def go() -> int:
+        async with open_backends(context.settings) as backends:
+            store = backends.store
+            added = await store.suppress(addr, reason=why, source=source)
+            entry = await store.suppression(addr)
+        assert entry is not None
+        if added:
+            stderr.print(f"suppressed {entry.address} ({entry.reason})", highlight=False)
+        else:
+            stderr.print(
+                f"{entry.address} was already suppressed ({entry.reason}, from "
+                f"{entry.source or '-'}, since {_when(entry.created_at)})",
+                highlight=False,
+            )
+        return 0
+
+    run_command(ctx, go)
+
+
+@suppress_app.command("remove")
+def suppress_remove(
+    ctx: typer.Context,
+    address: Annotated[str, typer.Argument(metavar="ADDR", help="The address to mail again.")],
+) -> None:
+    """Take ADDR off the suppression list: jobs mail it again from their next run."""
+    context: Context = ctx.obj
+    addr = address_key(address.strip())
+
+    async def go() -> int:
+        async with open_backends(context.settings) as backends:
+            removed = await backends.store.unsuppress(addr)
+        if removed:
+            stderr.print(f"removed {addr} from the suppression list", highlight=False)
+        else:
+            stderr.print(f"{addr} is not on the suppression list", highlight=False)
+        return 0
+
+    run_command(ctx, go)
+
+
+@suppress_app.command("list")
+def suppress_list(
+    ctx: typer.Context,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help='Print one JSON object: {"suppressions": [...], "count": N}.'),
+    ] = False,
+) -> None:
+    """List the suppression list in address order: address, reason, source, since when."""
+    context: Context = ctx.obj
+
+    async def go() -> int:
+        count = 0
+        out = Table("address", "reason", "source", "since", title="suppression list")
+        async with open_backends(context.settings) as backends:
+            after = ""
+            if as_json:  # written a page at a time: any size in bounded memory
+                print('{"suppressions": [', end="")
+            while True:
+                entries = await backends.store.suppressions(after=after, limit=PAGE)
+                for entry in entries:
+                    if as_json:
+                        print(("," if count else "") + json.dumps(_json(entry)), end="")
+                    else:
+                        out.add_row(
+                            entry.address, entry.reason, entry.source, _when(entry.created_at)
+                        )
+                    count += 1
+                if len(entries) < PAGE:
+                    break
+                after = entries[-1].address
+        if as_json:
+            print(f'], "count": {count}}}')
+        elif count:
+            stdout.print(out)
+        else:
+            stderr.print("the suppression list is empty", highlight=False)
+        return 0
+
+    run_command(ctx, go)
+
+
+@app.command("unsubscribe")
+def unsubscribe(
+    ctx: typer.Context,
+    token: Annotated[
+        str,
+        typer.Argument(
+            metavar="TOKEN", help="The token from a List-Unsubscribe URL, or the whole URL."
+        ),
+    ],
+) -> None:
+    """Apply an unsubscribe token: suppress its address (reason unsubscribe, source its job).
+
+    What the one-click POST to BATCHRUN_UNSUBSCRIBE_URL/TOKEN does, for a request that
+    reached you another way. Needs BATCHRUN_UNSUBSCRIBE_SECRET, the secret the email was
+    signed with; a forged, altered or truncated token exits 2 and changes nothing.
+    """
+    context: Context = ctx.obj
+    settings = context.settings
+
+    async def go() -> int:
+        signer = unsubscribing.Signer.from_settings(settings)
+        if signer is None:
+            raise ConfigError(
+                "set BATCHRUN_UNSUBSCRIBE_URL and BATCHRUN_UNSUBSCRIBE_SECRET (the secret the "
+                "emails were signed with) to apply a token"
+            )
+        request = signer.verify(unsubscribing.token_of(token))
+        async with open_backends(settings) as backends:
+            added = await unsubscribing.apply(backends.store, request)
+        state = "unsubscribed" if added else "already suppressed:"
+        stderr.print(f"{state} {request.address} (from {request.job})", highlight=False)
+        return 0
+
+    run_command(ctx, go)
