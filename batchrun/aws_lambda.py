@@ -7,6 +7,10 @@ Events:
   (``"month"`` is read as the period too, as batchrun 0.1 wrote it).
 - SQS event: process the records (retries, submitted tasks, continuations, shards) and
   report the ones that failed in ``{"batchItemFailures": [{"itemIdentifier": id}, ...]}``.
+- HTTP event (a Function URL or an API Gateway HTTP API, payload 2.0) on
+  ``BATCHRUN_UNSUBSCRIBE_URL/TOKEN``: POST suppresses the token's address (RFC 8058
+  one-click, no login) and answers 200; GET answers a page with a confirm button; a bad
+  token gets 400 and a page that names nobody (``batchrun.unsubscribe``).
 
 Jobs come from ``BATCHRUN_JOBS`` (modules or .py files bundled in the zip), as for the CLI.
 
@@ -33,6 +37,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any, Protocol
 
+from batchrun import unsubscribe
 from batchrun.backends import open_backends
 from batchrun.engine import Deadline, StopToken
 from batchrun.errors import BatchrunError, UsageError
@@ -75,6 +80,13 @@ def handle(
     try:
         settings = Settings.from_env(environ)
         kind = _kind(event)
+        if kind == "http":  # answers every request itself, errors included
+            result, metrics = asyncio.run(_http(event, settings, request_id))
+            duration = time.monotonic() - started
+            # Neither the page (it may name the address) nor the token goes to the log.
+            _log_line("done", request_id, kind, duration_s=duration, http=result["statusCode"])
+            _emit_metrics(kind, {**metrics, "Duration": duration * 1000})
+            return result
         if settings.db_secret_arn:
             # Resolved before anything connects, so every error below is masked with it.
             url = asyncio.run(database_url(settings.db_secret_arn, settings.extra))
@@ -95,11 +107,16 @@ def handle(
 def _kind(event: Mapping[str, Any]) -> str:
     if isinstance(event.get("Records"), list):
         return "sqs"
+    request = event.get("requestContext")
+    if isinstance(request, Mapping) and isinstance(request.get("http"), Mapping):
+        return "http"
     if event.get("source") == "aws.events" or event.get("detail-type") == "Scheduled Event":
         return "schedule"
     if "job" in event:
         return "on_demand"
-    raise UsageError("unrecognised event: expected a schedule, an SQS batch or {'job': ...}")
+    raise UsageError(
+        "unrecognised event: expected a schedule, an SQS batch, an HTTP request or {'job': ...}"
+    )
 
 
 async def _handle(
@@ -151,6 +168,53 @@ async def _handle(
         await asyncio.gather(watcher, return_exceptions=True)
         if registry is not None:
             await _close_jobs(registry)
+
+
+async def _http(
+    event: Mapping[str, Any], settings: Settings, request_id: str
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """An unsubscribe request: the database is opened for a POST with a genuine token only."""
+    method = str(event["requestContext"]["http"].get("method", ""))
+    path = str(event.get("rawPath") or event["requestContext"]["http"].get("path") or "")
+    signer = unsubscribe.Signer.from_settings(settings)
+    if signer is None:
+        log.error("an unsubscribe request, but BATCHRUN_UNSUBSCRIBE_SECRET is not set")
+        return _http_response(unsubscribe.unavailable()), {"Unsubscribes": 0}
+    applied = 0
+
+    current = settings
+
+    async def suppress(request: unsubscribe.Request) -> bool:
+        nonlocal applied, current
+        if current.db_secret_arn:  # a GET or a bad token never fetches the secret
+            url = await database_url(current.db_secret_arn, current.extra)
+            current = replace(current, db_url=url)
+        async with open_backends(current) as backends:
+            added = await unsubscribe.apply(backends.store, request)
+        applied = 1
+        return added
+
+    try:
+        response = await unsubscribe.respond(method, path, signer, suppress)
+    except BatchrunError as exc:
+        # Not an invocation error (the client would get AWS's bare 502): a page saying to
+        # try again, and the masked reason in the log.
+        if current.db_secret_arn:
+            forget(current.db_secret_arn)  # a rotated password is fetched afresh next time
+        text = mask_text(str(exc), current.db_url)
+        _log_line("error", request_id, "http", error=text)
+        response = unsubscribe.unavailable()
+    return _http_response(response), {"Unsubscribes": applied}
+
+
+def _http_response(response: unsubscribe.Response) -> dict[str, Any]:
+    """The payload 2.0 response a Function URL or an HTTP API returns as it stands."""
+    return {
+        "statusCode": response.status,
+        "headers": response.headers,
+        "body": response.body,
+        "isBase64Encoded": False,
+    }
 
 
 async def _close_jobs(registry: Registry) -> None:
