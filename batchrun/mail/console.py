@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from batchrun.mail.base import Message, clean_text
+from batchrun.mail.message import Message, clean_text
 
 
 class ConsoleMailer:

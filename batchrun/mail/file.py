@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from batchrun.errors import MailConnectionError, PermanentMailError
-from batchrun.mail.base import Message
+from batchrun.mail.message import Message
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from batchrun.errors import (
     TemporaryMailError,
     ThrottledError,
 )
-from batchrun.mail.base import Message
+from batchrun.mail.message import Message
 
 __all__ = ["SesMailer", "endpoint_from_env"]
 

@@ -17,7 +17,7 @@ from batchrun.errors import (
     TemporaryMailError,
     ThrottledError,
 )
-from batchrun.mail.base import Message
+from batchrun.mail.message import Message
 
 log = logging.getLogger(__name__)
 
