@@ -606,3 +606,11 @@ def test_two_jobs_with_one_name_exit_2(tmp_path: Path, env: dict[str, str]) -> N
     result = run_cli("--jobs", spec, "jobs", "--json", env=env)
     assert result.returncode == 2, result.stderr
     assert "twin" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [["birthday"], ["run"], ["retry"], ["status"], ["jobs"]])
+def test_help_shows_flags_without_a_bool_value(command: list[str]) -> None:
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    flag_lines = [line for line in result.output.splitlines() if "--json" in line]
+    assert flag_lines and all("<bool>" not in line for line in flag_lines), flag_lines

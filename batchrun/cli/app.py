@@ -151,7 +151,11 @@ def main_options(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+            "--version",
+            metavar="",
+            is_eager=True,
+            callback=_print_version,
+            help="Print the version and exit.",
         ),
     ] = False,
 ) -> None:

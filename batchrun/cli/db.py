@@ -43,7 +43,8 @@ def db_seed(
     users: Annotated[int, typer.Option("--users", min=1, help="How many demo users to add.")],
     seed: Annotated[int, typer.Option("--seed", help="Random seed: same seed, same users.")] = 1,
     force: Annotated[
-        bool, typer.Option("--force", help="Add users even if the user table is not empty.")
+        bool,
+        typer.Option("--force", metavar="", help="Add users even if the user table is not empty."),
     ] = False,
 ) -> None:
     """Add deterministic demo users for the birthday job (a few inactive, a few without or

@@ -30,13 +30,14 @@ Rate = Annotated[
     ),
 ]
 DryRun = Annotated[
-    bool, typer.Option("--dry-run", help="Show what would happen; write and send nothing.")
+    bool,
+    typer.Option("--dry-run", metavar="", help="Show what would happen; write and send nothing."),
 ]
 PageSize = Annotated[
     int, typer.Option("--page-size", min=1, max=5000, help="Entities read per page.")
 ]
 Limit = Annotated[int | None, typer.Option("--limit", min=1, help="Stop after this many entities.")]
-Json = Annotated[bool, typer.Option("--json", help="Print one JSON summary on stdout.")]
+Json = Annotated[bool, typer.Option("--json", metavar="", help="Print one JSON summary on stdout.")]
 FanOutQueue = Annotated[
     str | None,
     typer.Option(

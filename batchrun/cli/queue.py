@@ -50,7 +50,9 @@ def worker(
         float | None,
         typer.Option("--idle-exit", min=0.0, help="Exit after the queue stays empty this long."),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON summary.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", metavar="", help="Print one JSON summary.")
+    ] = False,
 ) -> None:
     """Consume the queue until SIGTERM: shards, retries, submitted tasks and continuations.
 
@@ -114,7 +116,9 @@ def retry(
     rate: Annotated[
         str | None, typer.Option("--rate", help="Emails per second at most, or 'auto'.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON summary.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", metavar="", help="Print one JSON summary.")
+    ] = False,
 ) -> None:
     """Drain the retry queue once: redo each failed entity, delete what succeeds.
 

@@ -26,9 +26,14 @@ def status(
         str | None, typer.Option("--month", help="YYYY-MM (a month job's --period).")
     ] = None,
     show_all: Annotated[
-        bool, typer.Option("--all", help=f"List every entity not done, not only the first {SHOWN}.")
+        bool,
+        typer.Option(
+            "--all", metavar="", help=f"List every entity not done, not only the first {SHOWN}."
+        ),
     ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", metavar="", help="Print one JSON object.")
+    ] = False,
 ) -> None:
     """Done, pending, skipped and failed entities of JOB's period, queue and dead-letter depths."""
     context: Context = ctx.obj

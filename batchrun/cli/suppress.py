@@ -115,7 +115,9 @@ def suppress_list(
     ctx: typer.Context,
     as_json: Annotated[
         bool,
-        typer.Option("--json", help='Print one JSON object: {"suppressions": [...], "count": N}.'),
+        typer.Option(
+            "--json", metavar="", help='Print one JSON object: {"suppressions": [...], "count": N}.'
+        ),
     ] = False,
 ) -> None:
     """List the suppression list in address order: address, reason, source, since when."""
