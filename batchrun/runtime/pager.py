@@ -114,8 +114,7 @@ class Pager:
                 break
             self.cursor = rows[-1]["id"]
             in_range = [r for r in rows if r["id"] <= self.until]
-            for item in await self._claim_and_prepare(in_range, fresh=fresh):
-                yield item
+            await self._claim_and_prepare(in_range, fresh=fresh)
             while self.unyielded and not self.stop.stopping:
                 yield self.unyielded.popleft()
             if len(in_range) < len(rows):
@@ -167,20 +166,20 @@ class Pager:
 
     async def _claim_and_prepare(
         self, rows: list[dict[str, Any]], *, fresh: bool, with_prepare: bool = True
-    ) -> list[Item]:
+    ) -> None:
         """Claim the unfinished ``rows``, ``prepare`` them; queue them in ``unyielded``.
 
         Claimed entities wait in ``unyielded`` until the runner takes them: if the run
         stops first, it still names them, so they are released or queued, never forgotten.
         """
         if not rows:
-            return []
+            return
         ledger: dict[int, Claim] = {}
         if not fresh:
             ledger = await self.store.claims_of(self.scope, [r["id"] for r in rows])
             rows = unfinished(rows, ledger)
             if not rows:
-                return []
+                return
         ids = [r["id"] for r in rows]
         try:
             claims = await self.lease.claim(self.scope, ids, [i for i in ids if i not in ledger])
@@ -197,7 +196,7 @@ class Pager:
                 exc,
             )
             self.foreign.update(ids)
-            return []
+            return
         me = self.lease.me
         items = []
         for row in rows:
@@ -214,4 +213,4 @@ class Pager:
         if items and with_prepare:
             await prepare(self.job, self.ctx, [i.row for i in items])
         self.unyielded.extend(items)
-        return []
+        return
