@@ -29,7 +29,7 @@ from batchrun.runtime.pager import prepare, recheck
 from batchrun.runtime.recorder import Item, Recorder
 from batchrun.runtime.reports import Summary
 from batchrun.runtime.run import Options, run_period
-from batchrun.runtime.sending import BREAKER_REASON, Sender
+from batchrun.runtime.sending import BREAKER_REASON
 from batchrun.runtime.work import Worker
 
 if TYPE_CHECKING:
@@ -132,18 +132,7 @@ async def _entities(
     try:
         async with Lease(rt.store, lease_s=rt.settings.lease_s, stop=stop) as lease:
             limiter = await rt.retry_limiter(options)
-            sender = Sender(
-                rt.mailer,
-                rt.settings,
-                summary=None,
-                lease=lease,
-                stop=stop,
-                limiter=limiter,
-                templates=rt.templates(job),
-                store=rt.store,
-            )
-            rt.warn_without_unsubscribe()
-            ctx = Context(job, period, rt.store.jobdb, sender, env=rt.settings.environ)
+            ctx, _ = rt.context(job, period, lease=lease, stop=stop, limiter=limiter)
             scope = Scope(job.name, str(ctx.once), str(period))
             outcomes, claims, lost = await _work(
                 rt, job, ctx, scope, lease, limiter, entries, options

@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from batchrun.job import Context, Job
+from batchrun.job import Job
 from batchrun.period import Period
 from batchrun.queue.base import QueueMessage, RetryQueue
 from batchrun.runtime.pager import page, unfinished
 from batchrun.runtime.reports import FanOut
 from batchrun.runtime.run import scope_of
-from batchrun.runtime.sending import Sender
 
 if TYPE_CHECKING:
     from batchrun.runtime.runtime import Runtime
@@ -26,10 +25,7 @@ async def fan_out(
     entities; consumers work each range like a run."""
     started = time.monotonic()
     result = FanOut(job.name, str(period), month=str(period) if period.unit == "month" else None)
-    sender = Sender(
-        None, rt.settings, summary=None, lease=None, stop=rt.stop, limiter=None, templates=None
-    )
-    ctx = Context(job, period, rt.store.jobdb, sender, dry_run=True, env=rt.settings.environ)
+    ctx, _ = rt.context(job, period, dry_run=True)
     scope = scope_of(ctx)
     after = cursor = 0
     batch: list[str] = []

@@ -28,7 +28,7 @@ from batchrun.runtime.outcomes import Outcome
 from batchrun.runtime.pager import Pager, page, unfinished
 from batchrun.runtime.recorder import Item, Recorder
 from batchrun.runtime.reports import Summary
-from batchrun.runtime.sending import BREAKER_REASON, CircuitBreaker, Sender, make_limiter
+from batchrun.runtime.sending import BREAKER_REASON, CircuitBreaker, make_limiter
 from batchrun.runtime.work import Worker
 
 if TYPE_CHECKING:
@@ -110,18 +110,7 @@ async def _run(
 ) -> None:
     stop = lease.stop
     limiter = await make_limiter(rt.mailer, options.rate)
-    sender = Sender(
-        rt.mailer,
-        rt.settings,
-        summary=summary,
-        lease=lease,
-        stop=stop,
-        limiter=limiter,
-        templates=rt.templates(job),
-        store=rt.store,
-    )
-    rt.warn_without_unsubscribe()
-    ctx = Context(job, period, rt.store.jobdb, sender, env=rt.settings.environ)
+    ctx, sender = rt.context(job, period, summary=summary, lease=lease, stop=stop, limiter=limiter)
     scope = scope_of(ctx)
     recorder = Recorder(rt.store, rt.queue, lease, summary=summary, enqueue=True)
     breaker = CircuitBreaker(rt.settings.breaker_threshold)
@@ -253,17 +242,7 @@ async def _dry_run(
     A row's ``email`` (when the page has one) is checked as ``send_email`` would: an
     invalid or suppressed address is counted skipped.
     """
-    sender = Sender(
-        None,
-        rt.settings,
-        summary=None,
-        lease=None,
-        stop=rt.stop,
-        limiter=None,
-        templates=None,
-        store=rt.store,
-    )
-    ctx = Context(job, period, rt.store.jobdb, sender, dry_run=True, env=rt.settings.environ)
+    ctx, _ = rt.context(job, period, dry_run=True)
     scope = scope_of(ctx)
     fresh = not await rt.store.period_started(job=job.name, period=str(period))
     while True:

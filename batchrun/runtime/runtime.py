@@ -7,44 +7,28 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from batchrun.db.store import MAX_ID, Scope, Store
 from batchrun.engine import StopToken
-from batchrun.errors import UsageError
-from batchrun.job import Context, Job, Skip
+from batchrun.job import Context, Job
 from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
 from batchrun.queue.base import QueueMessage, Received, RetryQueue
 from batchrun.ratelimit import AdaptiveRate
-from batchrun.runtime import consume
+from batchrun.runtime import consume, inspect
 from batchrun.runtime.consume import Verdict
+from batchrun.runtime.lease import Lease
 from batchrun.runtime.reports import FanOut, RetrySummary, Summary
 from batchrun.runtime.run import Options, run_period
-from batchrun.runtime.sending import CircuitBreaker, make_limiter
+from batchrun.runtime.sending import CircuitBreaker, Sender, make_limiter
 from batchrun.settings import Settings
 from batchrun.urls import scheme_of
 
 if TYPE_CHECKING:
     from batchrun.templates import Templates
-
-
-class _NoEffects:
-    """The effects of a context that must not act (``status``): it may read the list."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    async def send_email(self, ctx: Context, **fields: Any) -> None:
-        raise RuntimeError("no email from here")
-
-    async def suppressed(self, addresses: Iterable[str]) -> dict[str, str]:
-        return await self.store.suppressed(addresses)
-
-    def count(self, name: str, n: int) -> None:
-        pass
 
 
 log = logging.getLogger(__name__)
@@ -104,6 +88,36 @@ class Runtime:
             found = Templates([p for p in (override, folder, DEFAULTS) if p is not None])
             self._templates[job.name] = found
         return found
+
+    def context(
+        self,
+        job: Job,
+        period: Period,
+        *,
+        summary: Summary | None = None,
+        lease: Lease | None = None,
+        stop: StopToken | None = None,
+        limiter: AdaptiveRate | None = None,
+        dry_run: bool = False,
+    ) -> tuple[Context, Sender]:
+        """A context for ``job``'s ``period``, and its effects: email through this runtime's
+        mailer (none in a dry run), counted in ``summary``, fenced by ``lease``."""
+        sender = Sender(
+            None if dry_run else self.mailer,
+            self.settings,
+            summary=summary,
+            lease=lease,
+            stop=stop or self.stop,
+            limiter=limiter,
+            templates=None if dry_run else self.templates(job),
+            store=self.store,
+        )
+        if not dry_run:
+            self.warn_without_unsubscribe()
+        ctx = Context(
+            job, period, self.store.jobdb, sender, dry_run=dry_run, env=self.settings.environ
+        )
+        return ctx, sender
 
     def warn_without_unsubscribe(self) -> None:
         """Once per runtime: mail to real mailboxes (SMTP, SES) without one-click unsubscribe."""
@@ -167,63 +181,11 @@ class Runtime:
     async def status(self, job: Job | str, period: Period, *, problems: int = 50) -> dict[str, Any]:
         """The ledger's counts for the job's period, the job's own (``Job.status``), and the
         first ``problems`` entities not done."""
-        which = self._job(job)
-        counts = await self.store.status(job=which.name, period=str(period), problems=problems)
-        ctx = Context(
-            which,
-            period,
-            self.store.jobdb,
-            _NoEffects(self.store),
-            dry_run=True,
-            env=self.settings.environ,
-        )
-        return {
-            "succeeded": counts.succeeded,
-            "skipped": counts.skipped,
-            "retrying": counts.retrying,
-            "failed_permanent": counts.failed_permanent,
-            "claimed": counts.claimed,
-            **await which.status(ctx),
-            "problems": counts.problems,
-        }
+        return await inspect.status(self, self._job(job), period, problems=problems)
 
     async def preview(self, job: Job | str, period: Period, entity_id: int) -> Message:
-        """The email ``job`` would send to entity ``entity_id``: its page row, then
-        ``process`` with the send captured. Nothing is claimed, written or sent."""
-        from batchrun.runtime.pager import recheck
-        from batchrun.runtime.sending import Sender
-
-        which = self._job(job)
-        captured: list[Message] = []
-
-        class Capture(Sender):
-            async def send_email(self, ctx: Context, **fields: Any) -> None:
-                await self.check(fields["to"])
-                captured.append(self.message(ctx, **fields))
-
-        sender = Capture(
-            None,
-            self.settings,
-            summary=None,
-            lease=None,
-            stop=self.stop,
-            limiter=None,
-            templates=self.templates(which),
-            store=self.store,
-        )
-        ctx = Context(
-            which, period, self.store.jobdb, sender, dry_run=True, env=self.settings.environ
-        )
-        row = await recheck(which, ctx, entity_id)
-        if row is None:
-            raise UsageError(f"{which.name} {period}: entity {entity_id} is not in the job's page")
-        try:
-            await which.process(ctx.entity(entity_id), row)
-        except Skip as exc:
-            raise UsageError(f"{which.name} would skip entity {entity_id}: {exc.reason}") from None
-        if not captured:
-            raise UsageError(f"{which.name} sends no email to entity {entity_id}")
-        return captured[0]
+        """The email ``job`` would send to entity ``entity_id``; nothing claimed or sent."""
+        return await inspect.preview(self, self._job(job), period, entity_id)
 
     # -- the queue ------------------------------------------------------------------------
 
