@@ -26,23 +26,34 @@ CREATE TABLE IF NOT EXISTS gift_card (
 
 -- name: migrate_0003_user_birth_month
 -- unless: column user.birth_month
--- One ALTER so a large table is rebuilt once. MariaDB does not rewrite MONTH(date_of_birth)
--- to this column: the page query names birth_month itself.
+-- Online (see README "Safe on a production database"): a VIRTUAL column is instant on
+-- MariaDB 10.11, where a STORED one would copy the whole table under a write lock; the
+-- index stores its values. Every DDL on an application table states its algorithm and
+-- lock, so the server refuses rather than silently locking. A STORED column from an
+-- earlier migrate stays as it is (the guard sees the column). MariaDB does not rewrite
+-- MONTH(date_of_birth) to this column: the page query names birth_month itself.
 ALTER TABLE `user`
-  ADD COLUMN birth_month TINYINT AS (MONTH(date_of_birth)) STORED,
-  ADD INDEX idx_user_birth_month_status_id (birth_month, status, id);
+  ADD COLUMN birth_month TINYINT AS (MONTH(date_of_birth)) VIRTUAL,
+  ALGORITHM=INSTANT;
 
 -- name: migrate_0004_user_birth_month_index
 -- unless: index user.idx_user_birth_month_status_id
-CREATE INDEX idx_user_birth_month_status_id ON `user` (birth_month, status, id);
+ALTER TABLE `user`
+  ADD INDEX idx_user_birth_month_status_id (birth_month, status, id),
+  ALGORITHM=INPLACE, LOCK=NONE;
 
 -- name: migrate_0005_gift_card_idempotency_key
 -- unless: column gift_card.idempotency_key
+ALTER TABLE gift_card ADD COLUMN idempotency_key VARCHAR(64) NULL, ALGORITHM=INSTANT;
+
+-- name: migrate_0006_gift_card_idempotency_key_unique
+-- unless: unique gift_card.idempotency_key
 ALTER TABLE gift_card
-  ADD COLUMN idempotency_key VARCHAR(64) NULL,
-  ADD UNIQUE KEY uq_gift_card_idempotency_key (idempotency_key);
+  ADD UNIQUE KEY uq_gift_card_idempotency_key (idempotency_key),
+  ALGORITHM=INPLACE, LOCK=NONE;
 
--- name: migrate_0006_gift_card_code_unique
+-- name: migrate_0007_gift_card_code_unique
 -- unless: unique gift_card.gift_code
-ALTER TABLE gift_card ADD UNIQUE KEY uq_gift_card_gift_code (gift_code);
-
+ALTER TABLE gift_card
+  ADD UNIQUE KEY uq_gift_card_gift_code (gift_code),
+  ALGORITHM=INPLACE, LOCK=NONE;
