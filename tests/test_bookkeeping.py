@@ -340,7 +340,13 @@ def test_retry_stopped_by_sigint_exits_130_with_one_line(
     waiting = in_state(db_url, State.RETRYING)
     assert len(waiting) > 10
     smtp_server.set_latency(0.2)
-    env = cli_env(db_url, smtp_server.url)
+    env = cli_env(
+        db_url,
+        smtp_server.url,
+        # configured, so the one warning a run without it logs is not the line looked for
+        BATCHRUN_UNSUBSCRIBE_URL="https://example.com/unsubscribe",
+        BATCHRUN_UNSUBSCRIBE_SECRET="s3cret-for-the-test-only",
+    )
     drain = spawn("retry", "--rate", "2", "--concurrency", "2", "--json", env=env)
     try:
         assert wait_until(lambda: len(smtp_server.messages) >= 1, timeout=20)
