@@ -66,12 +66,17 @@ lambda: install  ## dist/batchrun-lambda.zip (x86_64) and dist/batchrun-lambda-a
 # crash-anywhere iterations per database with 1% temporary failures, and a load run of
 # SOAK_USERS users with 1% temporary failures against an SMTP sink in its own process.
 # Every user is born in the month (1,000,000 emails); SOAK_ALL_IN_MONTH=0 seeds them with
-# `batchrun db seed` instead (a twelfth of them in the month).
+# `batchrun db seed` instead (a twelfth of them in the month). The crash-anywhere variant
+# with a failing heartbeat runs with a lease of SOAK_LEASE_S seconds and a share
+# SOAK_HEARTBEAT_FAIL of heartbeats failing at random (tests/soak_hooks, subprocesses only).
 SOAK_ITERATIONS ?= 100
 SOAK_USERS ?= 1000000
 SOAK_ALL_IN_MONTH ?= 1
+SOAK_LEASE_S ?= 3
+SOAK_HEARTBEAT_FAIL ?= 0.3
 
 .PHONY: soak
-soak: install  ## long fault injection: 100 crash iterations per database, 1M users with 1% temporary failures (MariaDB)
+soak: install  ## long fault injection: 100 crash iterations per database (and 100 more with a 3 s lease and 30% of heartbeats failing), 1M users with 1% temporary failures (MariaDB)
 	BATCHRUN_SOAK=1 BATCHRUN_SOAK_ITERATIONS=$(SOAK_ITERATIONS) BATCHRUN_SOAK_USERS=$(SOAK_USERS) \
-	BATCHRUN_SOAK_ALL_IN_MONTH=$(SOAK_ALL_IN_MONTH) $(BIN)/python -m pytest tests/test_soak.py -v -s -rA
+	BATCHRUN_SOAK_ALL_IN_MONTH=$(SOAK_ALL_IN_MONTH) BATCHRUN_SOAK_LEASE_S=$(SOAK_LEASE_S) \
+	BATCHRUN_SOAK_HEARTBEAT_FAIL=$(SOAK_HEARTBEAT_FAIL) $(BIN)/python -m pytest tests/test_soak.py -v -s -rA

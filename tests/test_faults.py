@@ -244,6 +244,7 @@ class CrashReport:
     mid_month: int = 0
     finished_first: int = 0
     retries_needed: int = 0
+    lost_claims: int = 0
     duplicates: int = 0
     max_duplicates: int = 0
     duration_s: float = 0.0
@@ -262,6 +263,7 @@ def crash_anywhere(
     kills_per_iteration: tuple[int, int] = (1, 1),
     fail_rate: float = 0.0,
     first_year: int = 2030,
+    extra_env: dict[str, str] | None = None,
 ) -> CrashReport:
     """Kill ``birthday`` runs with SIGKILL at random moments, then rerun to completion.
 
@@ -270,9 +272,11 @@ def crash_anywhere(
     process start (start-up, schema check, first page, claims, cards ...) or after a random
     number of emails reached the server (mid-month). With ``fail_rate`` a share of sends
     fail with a 4xx, so the rerun exits 3 and ``batchrun retry`` finishes the month.
+    ``extra_env`` is added to every subprocess's environment (``BATCHRUN_LEASE_S``, a
+    fault hook on ``PYTHONPATH``: see ``test_soak.py``).
     """
     rng = random.Random(seed)
-    env = cli_env(db_url, server.url)
+    env = cli_env(db_url, server.url, **(extra_env or {}))
     _seed_users(db_url, env, users, seed)
     want = want_ids(db_url)
     eligible = eligible_ids(db_url, 6)
@@ -325,6 +329,7 @@ def crash_anywhere(
         where = f"seed={seed} iteration={i} month={month} kills: {', '.join(plan)}"
         rerun = run_cli("birthday", "--month", month, "--json", env=env, timeout=120)
         assert rerun.returncode in ((0, 3) if fail_rate else (0,)), f"{where}: {rerun.stderr}"
+        report.lost_claims += int(summary_of(rerun).get("lost_claims", 0))
         if fail_rate:
             # Failures queued by a killed run are finished by the rerun; their messages
             # still wait, so a drain always follows (it deletes those, retries the rest).
@@ -333,6 +338,7 @@ def crash_anywhere(
             retry = run_cli("retry", "--json", env=env, timeout=120)
             assert retry.returncode == 0, f"{where}: {retry.stderr}"
             assert summary_of(retry)["remaining"] == 0, where
+            report.lost_claims += int(summary_of(retry).get("lost_claims", 0))
             where += f"; retry: {retry.stdout.strip()}"
         status = status_of(env, month)
         if (status["pending"], status["retrying"], status["retry_queue_depth"]) != (0, 0, 0):

@@ -9,6 +9,10 @@ Skipped unless ``BATCHRUN_SOAK=1``. Sizes from the environment:
   process that fails 1% of recipients with a 4xx: a million emails, about ten minutes here.
   ``BATCHRUN_SOAK_ALL_IN_MONTH=0`` seeds them with ``batchrun db seed`` instead (a twelfth
   born in the month, some inactive, without or with an invalid address).
+- ``BATCHRUN_SOAK_LEASE_S`` (3) and ``BATCHRUN_SOAK_HEARTBEAT_FAIL`` (0.3): the lease and
+  the share of heartbeats that fail at random in the crash-anywhere variant with a failing
+  heartbeat (the fault hook is ``tests/soak_hooks/sitecustomize.py``, put on the CLI
+  subprocesses' ``PYTHONPATH`` only: batchrun itself has no hook).
 - ``BATCHRUN_TEST_SEED``: replays another seed.
 
 Each test prints its figures (run ``pytest -s``, as ``make soak`` does).
@@ -43,6 +47,9 @@ ALL_IN_MONTH = os.environ.get("BATCHRUN_SOAK_ALL_IN_MONTH", "1") == "1"
 SEED = int(os.environ.get("BATCHRUN_TEST_SEED", "20250607"))
 FAIL_RATE = 0.01
 LOAD_CONCURRENCY = 100
+LEASE_S = os.environ.get("BATCHRUN_SOAK_LEASE_S", "3")
+HEARTBEAT_FAIL = float(os.environ.get("BATCHRUN_SOAK_HEARTBEAT_FAIL", "0.3"))
+HOOKS = Path(__file__).resolve().parent / "soak_hooks"
 
 
 # -- the SMTP sink (its own process: `python tests/test_soak.py --sink`) ---------------------
@@ -235,6 +242,96 @@ def test_soak_crash_anywhere_with_temporary_failures(db_url: str, smtp_server: A
     print(f"\nSOAK crash anywhere ({db_url.split(':')[0]}): {json.dumps(asdict(report))}")
     assert report.iterations == ITERATIONS
     assert report.mid_month >= ITERATIONS // 4, asdict(report)
+
+
+def _heartbeat_figures(log: Path) -> dict[str, Any]:
+    """What the fault hook's log says: heartbeats, failures, processes, failure streaks.
+
+    A streak is consecutive failures in one process; two or more at the lease's 1/3 cadence
+    put its workers behind the fence (past ``lease - margin`` without a renewal).
+    """
+    outcomes: dict[str, list[str]] = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            pid, outcome = line.split()
+            outcomes.setdefault(pid, []).append(outcome)
+    streaks: Counter[int] = Counter()
+    for seq in outcomes.values():
+        run = 0
+        for outcome in [*seq, "ok"]:
+            if outcome == "fail":
+                run += 1
+            elif run:
+                streaks[run] += 1
+                run = 0
+    calls = sum(len(seq) for seq in outcomes.values())
+    failed = sum(seq.count("fail") for seq in outcomes.values())
+    return {
+        "heartbeats": calls,
+        "heartbeats_failed": failed,
+        "failed_share": round(failed / calls, 3) if calls else None,
+        "processes_with_heartbeats": len(outcomes),
+        "processes_with_a_failure": sum("fail" in seq for seq in outcomes.values()),
+        "fail_streaks": dict(sorted(streaks.items())),
+        "fenced_streaks": sum(n for k, n in streaks.items() if k >= 2),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+def test_soak_crash_anywhere_with_a_failing_heartbeat(
+    db_url: str, smtp_server: Any, tmp_path: Path
+) -> None:
+    """The crash-anywhere soak with a 3 s lease and 30% of heartbeats failing at random.
+
+    A failed heartbeat leaves the claims unrenewed: past the lease (less its margin) the
+    run's workers wait behind the fence until one succeeds, and the killed runs' claims
+    expire for the rerun as before. Same invariants as the soak above (one card each,
+    every eligible user emailed, duplicates at most kills x concurrency, nothing left
+    claimed, the ledger consistent), and the injection must really have happened.
+    """
+    from conftest import ROOT
+    from test_faults import CONCURRENCY, crash_anywhere
+
+    log = tmp_path / "heartbeats.log"
+    path = [str(HOOKS), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+    extra_env = {
+        "BATCHRUN_LEASE_S": LEASE_S,
+        "BATCHRUN_SOAK_HEARTBEAT_FAIL": str(HEARTBEAT_FAIL),
+        "BATCHRUN_SOAK_HEARTBEAT_SEED": str(SEED),
+        "BATCHRUN_SOAK_HEARTBEAT_LOG": str(log),
+        "PYTHONPATH": os.pathsep.join(path),
+    }
+    report = crash_anywhere(
+        db_url,
+        smtp_server,
+        seed=SEED,
+        iterations=ITERATIONS,
+        users=6000,
+        max_delay_s=2.5,
+        kills_per_iteration=(1, 3),
+        fail_rate=FAIL_RATE,
+        first_year=2100,
+        # 50 ms per message (the other soak: 20 ms): a month takes a few seconds to send,
+        # so runs live through several heartbeats and failure streaks reach the fence.
+        latency_s=0.05,
+        extra_env=extra_env,
+    )
+    figures = {
+        "lease_s": float(LEASE_S),
+        "heartbeat_fail": HEARTBEAT_FAIL,
+        **asdict(report),
+        # crash_anywhere asserts each iteration's duplicates <= its kills x concurrency
+        "duplicate_bound_total": report.kills * CONCURRENCY,
+        **_heartbeat_figures(log),
+    }
+    print(
+        f"\nSOAK crash anywhere, failing heartbeat ({db_url.split(':')[0]}): {json.dumps(figures)}"
+    )
+    assert report.iterations == ITERATIONS
+    assert report.mid_month >= ITERATIONS // 4, figures
+    if HEARTBEAT_FAIL > 0:
+        assert figures["heartbeats_failed"] > 0, f"the fault hook never fired: {figures}"
 
 
 # -- load: a million users, 1% temporary failures ---------------------------------------------
