@@ -258,7 +258,7 @@ def _heartbeat_figures(log: Path) -> dict[str, Any]:
     streaks: Counter[int] = Counter()
     for seq in outcomes.values():
         run = 0
-        for outcome in [*seq, "ok"]:
+        for outcome in [*seq, "pass"]:
             if outcome == "fail":
                 run += 1
             elif run:

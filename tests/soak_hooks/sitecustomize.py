@@ -9,8 +9,9 @@ unless ``BATCHRUN_SOAK_HEARTBEAT_FAIL`` is set:
   reaches the database) for 30% of its calls, at random;
 - ``BATCHRUN_SOAK_HEARTBEAT_SEED``: the random choices are seeded from it and the pid, so
   every process fails differently and a seed replays;
-- ``BATCHRUN_SOAK_HEARTBEAT_LOG``: a file each call appends one line to, ``<pid> ok`` or
-  ``<pid> fail`` (one ``O_APPEND`` write per call, so SIGKILLed processes count too).
+- ``BATCHRUN_SOAK_HEARTBEAT_LOG``: a file each call appends one line to, ``<pid> fail`` or
+  ``<pid> pass`` (passed on to the database), before the call goes on (one ``O_APPEND``
+  write per call, so SIGKILLed processes and cancelled heartbeats count too).
 
 The patch waits for ``batchrun.db.store`` to be imported (a finder on ``sys.meta_path``)
 rather than importing it here: at start-up ``sys.path`` does not hold the script's folder
@@ -52,8 +53,9 @@ def _patch(module: ModuleType, rate: float, seed: str, log: str | None) -> None:
         if rng.random() < rate:
             _record(log, "fail")
             raise DatabaseError("injected heartbeat failure")
+        # Recorded before the call: a heartbeat cancelled or killed in flight still counts.
+        _record(log, "pass")
         renewed: int = await real(self, *args, **kwargs)
-        _record(log, "ok")
         return renewed
 
     heartbeat.__wrapped__ = real  # type: ignore[attr-defined]
