@@ -205,8 +205,8 @@ async def _work(
     finally:
         await recorder.close()
     leftover = [i.id for i in [*result.not_started, *result.cancelled, *worker.unstarted]]
+    lease.let_go(scope, leftover)  # first, as the recorder does (a heartbeat in between)
     await rt.store.release(scope, ids=leftover, me=lease.me)
-    lease.let_go(scope, leftover)
     return outcomes, claims, {i.id for i in worker.lost}
 
 

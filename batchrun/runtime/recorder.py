@@ -94,10 +94,13 @@ class Recorder:
                 if waiting and self.summary is not None:
                     self.summary.queued_for_retry += len(items)
             ids = [i.id for i in items]
+            # Let go first: a heartbeat between the write and let_go would find these rows
+            # not renewed and count this run's own finished rows as lost. A row another
+            # run really took is still counted, once, by the write's rowcount below.
+            self.lease.let_go(scope, ids)
             changed = await self.store.finish(
                 scope, ids=ids, me=self.lease.me, state=state, error=reason, queued=queued
             )
-            self.lease.let_go(scope, ids)
             if changed < len(ids):
                 lost = self.lease.note_lost(scope, ids, changed, "recorded them")
                 if self.summary is not None:

@@ -175,8 +175,8 @@ async def _run(
             summary.failed += len(leftover)
         elif leftover:
             ids = [i.id for i in leftover]
+            lease.let_go(scope, ids)  # first, as the recorder does (a heartbeat in between)
             await rt.store.release(scope, ids=ids, me=lease.me)
-            lease.let_go(scope, ids)
             summary.left_pending += len(leftover)
             released = leftover
         if stop.stopping and summary.stopped is None:
