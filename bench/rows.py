@@ -1,10 +1,13 @@
 """Rows examined by each of batchrun's statements, free of other sessions' noise.
 
-Runs the birthday job in-process with the discard mailer on ONE database connection and
-reads that session's ``Handler_read_*`` counters around every named statement, so the
-numbers are batchrun's alone even on a busy shared server (the global counters of
-``bench/run.py`` include every session). Empty the job's tables first for a full month
-(``--reset`` does it). Prints a table, or one JSON object with ``--json``.
+Runs a job (the birthday job by default; ``--jobs FILE --job NAME`` for another) in-process
+with the discard mailer on ONE database connection and reads that session's
+``Handler_read_*`` counters around every statement, so the numbers are batchrun's alone
+even on a busy shared server (the global counters of ``bench/run.py`` include every
+session). batchrun's own statements are named as in ``batchrun/sql`` (``finish``); a
+job's ``ctx.db`` statements by the job's query name (``birthday.page``) when its
+``SqlFolder`` has it, else by their first words. Empty the job's tables first for a full
+month (``--reset`` does it). Prints a table, or one JSON object with ``--json``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable
@@ -19,9 +23,11 @@ from typing import Any
 
 from batchrun.db import Store, connect
 from batchrun.db.base import Database
+from batchrun.job import Job
 from batchrun.jobs.birthday import Birthday
-from batchrun.jobs.month import parse_month
 from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.period import parse as parse_period
+from batchrun.registry import discover, parse_specs
 from batchrun.runtime import Options, Runtime
 from batchrun.settings import Settings
 from bench.mysqlstat import HANDLER_READS
@@ -29,16 +35,25 @@ from bench.mysqlstat import HANDLER_READS
 _SNAPSHOT = "SHOW SESSION STATUS WHERE Variable_name IN ({})".format(
     ", ".join(f"'{name}'" for name in HANDLER_READS)
 )
+_PARAMETER = re.compile(r"(?<![:\w]):[A-Za-z_]")
 
 
 class Meter:
-    """Wraps a Database's query methods to count rows examined per statement name."""
+    """Wraps a Database's query methods to count rows examined per statement name.
 
-    def __init__(self, db: Database) -> None:
+    ``execute``/``fetchall`` run batchrun's named statements (named by their first
+    argument); ``execute_sql``/``fetch_columns`` run compiled SQL, the jobs' ``ctx.db``
+    statements, named by the job's query whose text the SQL starts with (``prefixes``).
+    ``fetchone``/``fetchval`` go through ``fetchall``, so every statement is counted once.
+    """
+
+    def __init__(self, db: Database, prefixes: dict[str, str] | None = None) -> None:
         self.db = db
         self.rows: defaultdict[str, Counter[str]] = defaultdict(Counter)
         self.calls: Counter[str] = Counter()
         self.noise: dict[str, int] = {}
+        self.prefixes = prefixes or {}  # a job query's text up to its first parameter -> name
+        self._names: dict[str, str] = {}
         self._lock = asyncio.Lock()
 
     async def snapshot(self) -> dict[str, int]:
@@ -59,8 +74,8 @@ class Meter:
                 before = await self.snapshot()
                 result = await call(name, *args, **params)
                 after = await self.snapshot()
-            if args:  # a job's statement (ctx.db): named by its first words
-                name = " ".join(name.split()[:4])
+            if args:  # compiled SQL (ctx.db): the job's query name, or its first words
+                name = self.name_of(name)
             self.calls[name] += 1
             for key, value in after.items():
                 self.rows[name][key] += value - before[key] - self.noise.get(key, 0)
@@ -68,9 +83,41 @@ class Meter:
 
         return metered
 
+    def name_of(self, sql: str) -> str:
+        """The name of compiled statement ``sql``: the job query it was compiled from."""
+        name = self._names.get(sql)
+        if name is None:
+            text = " ".join(sql.split())
+            matches = [(len(p), n) for p, n in self.prefixes.items() if text.startswith(p)]
+            name = max(matches)[1] if matches else " ".join(text.split()[:4])
+            self._names[sql] = name
+        return name
 
-async def measure(db_url: str, month: str, concurrency: int, reset: bool) -> dict[str, Any]:
-    """Run the month with the discard mailer; return rows examined by statement."""
+
+def job_prefixes(job: Job, dialect: str) -> dict[str, str]:
+    """Each of the job's named queries, by its text up to the first ``:parameter``."""
+    if job.sql is None:
+        return {}
+    out = {}
+    for name, statement in job.sql.statements(dialect).items():
+        head = _PARAMETER.split(statement.text, maxsplit=1)[0]
+        out[" ".join(head.split())] = f"{job.name}.{name}"
+    return out
+
+
+def load_job(specs: str | None, name: str) -> Job:
+    """The job ``name``: built-in, or from ``specs`` (``--jobs``)."""
+    if name == Birthday.name and not specs:
+        return Birthday()
+    return discover(parse_specs(specs)).get_job(name)
+
+
+async def measure(
+    db_url: str, month: str, concurrency: int, reset: bool, job: Job | None = None
+) -> dict[str, Any]:
+    """Run ``job`` (default: birthday) for the month with the discard mailer; return rows
+    examined by statement."""
+    job = job or Birthday()
     db = await connect(db_url, pool_size=1)
     try:
         if reset:
@@ -80,11 +127,13 @@ async def measure(db_url: str, month: str, concurrency: int, reset: bool) -> dic
         settings = Settings(db_url=db_url, mail_url="discard://")
         mailer = mailer_from_url("discard://")
         queue = await _local_queue(settings, store, concurrency)
-        meter = Meter(db)
+        meter = Meter(db, job_prefixes(job, db.dialect))
         await meter.install()
-        job = Runtime(Birthday(), store, mailer, queue, settings)
+        runtime = Runtime(job, store, mailer, queue, settings)
         started = time.monotonic()
-        summary = await job.run(parse_month(month), Options(concurrency=concurrency))
+        summary = await runtime.run(
+            parse_period(job.period, month), Options(concurrency=concurrency)
+        )
         elapsed = time.monotonic() - started
         await queue.close()
     finally:
@@ -101,6 +150,7 @@ async def measure(db_url: str, month: str, concurrency: int, reset: bool) -> dic
     }
     total = sum(sum(counts.values()) for counts in meter.rows.values())
     return {
+        "job": job.name,
         "eligible": summary.eligible,
         "emails_sent": summary.emails_sent,
         "rows_examined": total,
@@ -130,19 +180,23 @@ def main() -> None:
     parser.add_argument("--month", default="2025-06")
     parser.add_argument("--concurrency", type=int, default=200)
     parser.add_argument("--reset", action="store_true", help="empty the job's tables first")
+    parser.add_argument("--jobs", default=None, help="modules or .py files of jobs (--jobs)")
+    parser.add_argument("--job", default="birthday", help="the job to run (default %(default)s)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = asyncio.run(measure(args.db, args.month, args.concurrency, args.reset))
+    job = load_job(args.jobs, args.job)
+    result = asyncio.run(measure(args.db, args.month, args.concurrency, args.reset, job))
     if args.json:
         print(json.dumps(result))
         return
     print(
-        f"{result['eligible']} eligible users, {result['rows_examined']} rows examined "
+        f"{result['job']}: {result['eligible']} eligible users, "
+        f"{result['rows_examined']} rows examined "
         f"= {result['rows_per_user']} per user, {result['statements']} statements"
     )
     for name, s in result["by_statement"].items():
         counters = " ".join(f"{k}={v}" for k, v in s["by_counter"].items())
-        print(f"  {name:<22} {s['calls']:>6} calls {s['per_user']:>7.3f}/user  {counters}")
+        print(f"  {name:<24} {s['calls']:>6} calls {s['per_user']:>7.3f}/user  {counters}")
 
 
 if __name__ == "__main__":

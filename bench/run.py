@@ -126,6 +126,7 @@ class Sink:
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
+            env=child_env(),
         )
         assert self.proc.stdout is not None
         self.port = int(json.loads(self.proc.stdout.readline())["port"])
@@ -161,11 +162,25 @@ class Finished:
     cpu_s: float
 
 
+def child_env() -> dict[str, str]:
+    """The environment of every child: this tree first on ``PYTHONPATH``.
+
+    The ``batchrun`` script of the venv would otherwise import the package the venv was
+    installed from (an editable install of another checkout), not the code whose digest
+    the results carry; ``python -m`` children get this tree from their cwd alike.
+    """
+    env = dict(os.environ)
+    paths = [str(ROOT), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
 def run_child(cmd: Sequence[str], *, env: dict[str, str] | None = None) -> Finished:
-    """Run ``cmd``; reap it with wait4 to read its own peak RSS and CPU."""
+    """Run ``cmd`` (with ``child_env()`` by default); reap it with wait4 to read its own
+    peak RSS and CPU."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.monotonic()
-        proc = subprocess.Popen(list(cmd), stdout=out, stderr=err, cwd=ROOT, env=env)
+        proc = subprocess.Popen(list(cmd), stdout=out, stderr=err, cwd=ROOT, env=env or child_env())
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.monotonic() - started
         proc.returncode = os.waitstatus_to_exitcode(status)  # Popen must not reap it again
