@@ -6,6 +6,8 @@ process, a set latency per message) and measures, each as a real subprocess:
 
 - ``batchrun``: ``batchrun --mail smtp://sink birthday --month 2025-06 --concurrency C``;
 - ``batchrun/discard``: the same with ``--mail discard://`` (the database-bound rate);
+- ``greeting``: a user-defined job (``bench/greeting_job.py``, loaded with ``--jobs``): one
+  plain text email to the same users, no card, no template;
 - ``ceiling``: ``bench/ceiling.py``, C persistent SMTP connections, no database;
 - ``naive``: ``bench/naive.py``, the seed's algorithm (only at ``--naive-sizes``).
 
@@ -48,6 +50,8 @@ MONTH = "2025-06"
 BIN = Path(sys.executable).parent
 BATCHRUN = str(BIN / "batchrun") if (BIN / "batchrun").exists() else "batchrun"
 JOB_TABLES = ("gift_card", "batchrun_ledger", "batchrun_queue")
+GREETING_JOB = ROOT / "bench" / "greeting_job.py"  # the user-defined job, loaded with --jobs
+CEILING_TARGET = 0.88  # the issue: birthday at least 88% of the ceiling at 100k and 1M
 NAIVE_INDEX = "bench_naive_scheduled_email"
 # Why 200: at 20 ms per message a connection carries at most ~50 msg/s, less the SMTP
 # round trips (MAIL, RCPT, DATA, body) that queue behind a busy event loop; the ceiling
@@ -82,6 +86,7 @@ class Result:
     questions: int
     sink_messages: int
     sink_connections: int
+    sink_bytes: int = 0
     vs_naive: float | None = None
     vs_ceiling: float | None = None
     detail: dict[str, Any] = field(default_factory=dict)
@@ -95,6 +100,11 @@ class Result:
         return self.statements / self.eligible if self.eligible and self.is_db else None
 
     @property
+    def message_bytes(self) -> float | None:
+        """The mean size of the messages the sink received (DATA up to the final dot)."""
+        return self.sink_bytes / self.sink_messages if self.sink_messages else None
+
+    @property
     def is_db(self) -> bool:
         return self.contender != "ceiling"
 
@@ -102,6 +112,7 @@ class Result:
         data = asdict(self)
         data["rows_examined_per_user"] = _round(self.rows_per_user, 3)
         data["round_trips_per_user"] = _round(self.trips_per_user, 3)
+        data["message_bytes"] = _round(self.message_bytes, 1)
         data["questions_per_user"] = (
             _round(self.questions / self.eligible, 3) if self.eligible and self.is_db else None
         )
@@ -330,6 +341,7 @@ class Bench:
             questions=d.get("Questions", 0),
             sink_messages=int(sink["messages"]),
             sink_connections=int(sink["connections"]),
+            sink_bytes=int(sink.get("bytes", 0)),
             detail={"counters": d},
         )
         result.detail["machine_busy_s"] = round(busy1 - busy0, 2)
@@ -352,22 +364,16 @@ class Bench:
         )
         return result
 
-    def batchrun(self, size: int, mail: str, label: str) -> Result:
+    def batchrun(self, size: int, mail: str, label: str, job: str = "birthday") -> Result:
+        """One run of ``job``: the built-in birthday, or the user-defined greeting."""
         database = self.sizes[size]["database"]
         self.reset(database)
-        cmd = [
-            *self.launcher("batchrun"),
-            "--db",
-            self.server.db_url(database),
-            "--mail",
-            mail,
-            "birthday",
-            "--month",
-            MONTH,
-            "--concurrency",
-            str(self.args.concurrency),
-            "--json",
-        ]
+        cmd = [*self.launcher("batchrun"), "--db", self.server.db_url(database), "--mail", mail]
+        if job == "birthday":
+            cmd += ["birthday", "--month", MONTH]
+        else:  # a user-defined job: loaded from its file, run by name
+            cmd += ["--jobs", str(GREETING_JOB), "run", job, "--period", MONTH]
+        cmd += ["--concurrency", str(self.args.concurrency), "--json"]
         if self.args.page_size:
             cmd += ["--page-size", str(self.args.page_size)]
         finished, result = self.measure(label, size, cmd)
@@ -448,11 +454,13 @@ class Bench:
             result, int(data["processed"]), int(data["sent"]), float(data["duration_s"])
         )
 
-    def rows_by_statement(self, size: int) -> dict[str, Any] | None:
+    def rows_by_statement(self, size: int, job: str = "birthday") -> dict[str, Any] | None:
         """An extra run of bench/rows.py: rows examined per statement, this session only."""
         database = self.sizes[size]["database"]
         cmd = [sys.executable, "-m", "bench.rows", "--db", self.server.db_url(database)]
         cmd += ["--reset", "--json", "--concurrency", str(self.args.concurrency)]
+        if job != "birthday":
+            cmd += ["--jobs", str(GREETING_JOB), "--job", job]
         finished = run_child(cmd)
         if finished.code != 0:
             console.print(f"  bench.rows failed: {finished.stderr[-500:]}", markup=False)
@@ -460,7 +468,8 @@ class Bench:
         data = _last_json(finished.stdout)
         parts = ", ".join(f"{name} {s['per_user']:.2f}" for name, s in data["by_statement"].items())
         console.print(
-            f"  rows examined per user, session counters: {data['rows_per_user']:.2f} ({parts})"
+            f"  rows examined per user ({job}), session counters: "
+            f"{data['rows_per_user']:.2f} ({parts})"
         )
         return data
 
@@ -503,6 +512,10 @@ class Bench:
                     self._keep_best(naive)
                 if size in args.sizes and not args.no_rows:
                     facts["rows_by_statement"] = self.rows_by_statement(size)
+                    if not args.no_greeting:
+                        facts["rows_by_statement_greeting"] = self.rows_by_statement(
+                            size, "greeting"
+                        )
                 if args.profile and size in args.sizes:
                     facts["profile_smtp"] = self.profile(size, smtp, "smtp")
                     facts["profile_discard"] = self.profile(size, "discard://", "discard")
@@ -513,15 +526,20 @@ class Bench:
         self._ratios()
 
     def _compare(self, size: int, smtp: str, eligible: int) -> None:
-        """batchrun, batchrun/discard and the ceiling, ``--repeat`` rounds of one run each.
+        """batchrun, batchrun/discard, greeting and the ceiling, ``--repeat`` rounds of one
+        run each.
 
         Round robin rather than each contender's repeats back to back: a change in what
-        else the machine runs then falls on all three alike, not on one of them.
+        else the machine runs then falls on all of them alike, not on one of them.
         """
         rounds: dict[str, list[Result]] = {"batchrun": [], "discard": [], "ceiling": []}
+        if not self.args.no_greeting:
+            rounds["greeting"] = []
         for _ in range(self.args.repeat):
             rounds["batchrun"].append(self.batchrun(size, smtp, "batchrun"))
             rounds["discard"].append(self.batchrun(size, "discard://", "batchrun/discard"))
+            if "greeting" in rounds:
+                rounds["greeting"].append(self.batchrun(size, smtp, "greeting", "greeting"))
             messages = rounds["batchrun"][0].sent or eligible
             rounds["ceiling"].append(self.ceiling(size, messages))
         for runs in rounds.values():
@@ -600,9 +618,18 @@ def targets(
             add(f"batchrun >= 10x naive users/s at {n:,}", b.vs_naive >= 10, f"{b.vs_naive:.1f}x")
         if b.vs_ceiling is not None:
             add(
-                f"batchrun >= 80% of the ceiling at {n:,}",
-                b.vs_ceiling >= 0.8,
+                f"batchrun >= {100 * CEILING_TARGET:.0f}% of the ceiling at {n:,}",
+                b.vs_ceiling >= CEILING_TARGET,
                 f"{100 * b.vs_ceiling:.0f}%",
+            )
+        g = by.get(("greeting", n))
+        if g is not None:
+            add(
+                f"the user-defined job (greeting) measured beside birthday at {n:,}",
+                g.exit_code == 0 and g.users_per_s > 0,
+                f"{g.users_per_s:,.0f} users/s"
+                + (f", {100 * g.vs_ceiling:.0f}% of the ceiling" if g.vs_ceiling else "")
+                + (f", {g.users_per_s / b.users_per_s:.2f}x birthday" if b.users_per_s else ""),
             )
         rows = _session_rows(sizes_facts, n)
         shown = f"{rows:.2f} (session)" if rows is not None else ""
@@ -665,6 +692,14 @@ def checks(results: list[Result]) -> list[dict[str, Any]]:
                     "value": f"{r.sink_messages} / {r.sent} / {r.detail.get('cards_in_db')}",
                 }
             )
+        if r.contender == "greeting":
+            out.append(
+                {
+                    "check": f"{name}: sink received = emails_sent; no cards",
+                    "pass": r.sink_messages == r.sent and r.detail.get("cards_in_db") == 0,
+                    "value": f"{r.sink_messages} / {r.sent} / {r.detail.get('cards_in_db')}",
+                }
+            )
         if r.contender == "batchrun/discard":
             out.append(
                 {
@@ -673,7 +708,7 @@ def checks(results: list[Result]) -> list[dict[str, Any]]:
                     "value": f"{r.sink_messages} / {r.sent} / {r.detail.get('cards_in_db')}",
                 }
             )
-        if r.contender.startswith("batchrun"):
+        if r.contender.startswith("batchrun") or r.contender == "greeting":
             out.append(
                 {
                     "check": f"{name}: every eligible user done, exit 0",
@@ -722,13 +757,14 @@ def render(
         "rows ex./user",
         "trips/user",
         "peak RSS MB",
+        "msg bytes",
         "CPU s",
         "db CPU s",
         "sink CPU s",
         "other CPU s",
     ):
         table.add_column(name, justify="left" if name == "contender" else "right")
-    order = {"batchrun": 0, "batchrun/discard": 1, "ceiling": 2, "naive": 3}
+    order = {"batchrun": 0, "batchrun/discard": 1, "greeting": 2, "ceiling": 3, "naive": 4}
     for r in sorted(results, key=lambda r: (r.size, order.get(r.contender, 9))):
         table.add_row(
             f"{r.size:,}",
@@ -747,6 +783,7 @@ def render(
             _fmt(r.rows_per_user, "{:.2f}"),
             _fmt(r.trips_per_user, "{:.3f}"),
             f"{r.peak_rss_mb:.0f}",
+            _fmt(r.message_bytes, "{:,.0f}"),
             f"{r.cpu_s:.1f}",
             _fmt(r.mariadb_cpu_s, "{:.1f}"),
             _fmt(r.sink_cpu_s, "{:.1f}"),
@@ -767,7 +804,9 @@ def render(
         mark = "[green]PASS[/]" if t["pass"] else "[red]FAIL[/]"
         out.print(f"{mark}  {t['target']}: {t['value']}", highlight=False)
     digests = {
-        r.detail.get("package_digest") for r in results if r.contender.startswith("batchrun")
+        r.detail.get("package_digest")
+        for r in results
+        if r.contender.startswith("batchrun") or r.contender == "greeting"
     }
     changed = [r for r in results if r.detail.get("package_changed_during_run")]
     if len(digests) > 1 or changed:
@@ -850,6 +889,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--no-rows", action="store_true", help="skip the per-statement rows run (bench/rows.py)"
+    )
+    parser.add_argument(
+        "--no-greeting",
+        action="store_true",
+        help="skip the user-defined job (bench/greeting_job.py) beside birthday",
     )
     parser.add_argument("--sink", choices=("fast", "aiosmtpd"), default="fast")
     parser.add_argument(
