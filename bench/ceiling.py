@@ -3,7 +3,9 @@
 K persistent aiosmtplib connections (K = batchrun's concurrency), each sending pre-built
 messages of the same shape and size as batchrun's birthday email, one after another.
 Its messages/s is the most any sender in this language and event loop can get out of the
-sink at the given latency. Prints one JSON object on stdout.
+sink at the given latency. ``--shape greeting`` sends the user-defined job's plain text
+message instead (``bench/greeting_job.py``, ~430 bytes, a ninth of the birthday's), to
+show what message size alone costs. Prints one JSON object on stdout.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from batchrun.templates import DEFAULTS, Templates, job_folder
 SENDER = "birthday@localhost"
 
 
-def sample_messages(count: int) -> list[tuple[str, bytes]]:
+def sample_messages(count: int, shape: str = "birthday") -> list[tuple[str, bytes]]:
     """``count`` (recipient, raw bytes) pairs built by batchrun's own message code: the
-    birthday job's template, rendered and encoded as a run would."""
+    birthday job's template, rendered and encoded as a run would (``shape="greeting"``:
+    the greeting job's subject and text, no template)."""
     job = Birthday()
     sender = Sender(
         None,
@@ -44,6 +47,19 @@ def sample_messages(count: int) -> list[tuple[str, bytes]]:
     ctx = Context(job, parse("month", "2025-06"), cast(Any, None), sender)
     out = []
     for i in range(count):
+        if shape == "greeting":
+            message = sender.message(
+                ctx.entity(i + 1),
+                to=f"user{i + 1}.123456@example.com",
+                subject="Hello Grace",
+                text="Hello Grace,\n\nthis is a short note for 2025-06.\n\nBest wishes\n",
+                html=None,
+                to_name="Grace Hopper",
+                template=None,
+                variables={},
+            )
+            out.append((message.to_addr, message.to_bytes()))
+            continue
         message = sender.message(
             ctx.entity(i + 1),
             to=f"user{i + 1}.123456@example.com",
@@ -63,9 +79,11 @@ def sample_messages(count: int) -> list[tuple[str, bytes]]:
     return out
 
 
-async def run(host: str, port: int, messages: int, concurrency: int) -> dict[str, Any]:
+async def run(
+    host: str, port: int, messages: int, concurrency: int, shape: str = "birthday"
+) -> dict[str, Any]:
     """Send ``messages`` over ``concurrency`` persistent connections; return the stats."""
-    prebuilt = sample_messages(min(messages, 256))
+    prebuilt = sample_messages(min(messages, 256), shape)
     # The clock starts before the connections open: batchrun's duration includes opening
     # its own, so both pay the same set-up (200 greetings and EHLOs are ~0.1 s of CPU).
     started = time.monotonic()
@@ -94,6 +112,7 @@ async def run(host: str, port: int, messages: int, concurrency: int) -> dict[str
         "errors": errors,
         "duration_s": round(elapsed, 3),
         "per_s": round(messages / elapsed, 1) if elapsed else None,
+        "shape": shape,
         "message_bytes": len(prebuilt[0][1]) if prebuilt else 0,
         "cpu_s": round(time.process_time(), 3),
     }
@@ -106,8 +125,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--messages", type=int, required=True)
     parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--shape", choices=("birthday", "greeting"), default="birthday")
     args = parser.parse_args()
-    result = asyncio.run(run(args.host, args.port, args.messages, args.concurrency))
+    result = asyncio.run(run(args.host, args.port, args.messages, args.concurrency, args.shape))
     print(json.dumps(result))
 
 

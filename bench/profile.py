@@ -15,6 +15,7 @@ _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
 # Library areas by path fragment, first match wins.
 AREAS = (
+    ("jinja2/", "jinja2"),
     ("batchrun/", "batchrun"),
     ("email/", "email (stdlib)"),
     ("aiosmtplib/", "aiosmtplib"),
@@ -41,6 +42,8 @@ class Profile:
 
 def area_of(path: str) -> str:
     """The library a source file belongs to."""
+    if path.endswith((".html", ".txt")):
+        return "templates (compiled Jinja2)"
     for fragment, name in AREAS:
         if path.startswith(fragment) or "/" + fragment in path:
             return name
