@@ -644,7 +644,7 @@ def targets(
             if g.vs_ceiling is not None:
                 text += f", {100 * g.vs_ceiling:.0f}% of its ceiling (same message size)"
             if g.detail.get("vs_birthday_ceiling") is not None:
-                text += f", {100 * g.detail['vs_birthday_ceiling']:.0f}% of birthday's"
+                text += f", {100 * g.detail['vs_birthday_ceiling']:.0f}% of birthday's ceiling"
             if b.users_per_s:
                 text += f"; {g.users_per_s / b.users_per_s:.2f}x birthday"
             add(
