@@ -766,3 +766,30 @@ def test_wire_bytes_match_what_the_email_package_would_build(name: str, subject:
     assert parsed["Message-ID"] == message.message_id
     parts = {p.get_content_type(): p.get_content() for p in parsed.iter_parts()}
     assert parts == {"text/plain": message.text, "text/html": message.html}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"Subject: dots\r\n\r\n.starts a line\r\n..two\r\nlast line without CRLF",
+        b"Subject: dots\r\n\r\n.\r\nbody after a lone dot line\r\n",
+    ],
+)
+async def test_lines_starting_with_a_dot_arrive_as_written(
+    smtp_server: SmtpTestServer, make_mailer: MakeMailer, raw: bytes
+) -> None:
+    # The mailer dot-stuffs DATA itself (not through aiosmtplib.sendmail): a line that is
+    # or starts with "." must reach the server unchanged, not end the message early.
+    mailer = make_mailer(smtp_server.url)
+    client = await mailer._checkout()
+    try:
+        await smtp_module._transact(client, "birthday@example.com", "user1@example.com", raw)
+    finally:
+        mailer._checkin(client, True)
+    await mailer.send(make_message(2))  # the connection is still in step afterwards
+    received = smtp_server.messages
+    assert received[0].raw.replace(b"\r\n", b"\n").rstrip(b"\n") == raw.replace(
+        b"\r\n", b"\n"
+    ).rstrip(b"\n")
+    assert received[1].message_id == "<birthday.2025.2@example.com>"
+    assert smtp_server.connections_opened == 1
