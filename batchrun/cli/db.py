@@ -2,30 +2,76 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 import typer
 
 from batchrun.backends import open_backends
 from batchrun.cli.app import Context, db_app, period_option, run_command, stderr, stdout
+from batchrun.db import ddl
 from batchrun.errors import DatabaseError
 from batchrun.jobs.birthday import demo
 
 
 @db_app.command("migrate")
-def db_migrate(ctx: typer.Context) -> None:
+def db_migrate(
+    ctx: typer.Context,
+    plan: Annotated[
+        bool,
+        typer.Option(
+            "--plan",
+            metavar="",
+            help="Print each step migrate would run, with its table, algorithm, lock and the "
+            "table's row estimate; change nothing.",
+        ),
+    ] = False,
+    allow_locking: Annotated[
+        bool,
+        typer.Option(
+            "--allow-locking",
+            metavar="",
+            help="Run a step the server cannot do online (MySQL/MariaDB refuses its "
+            "ALGORITHM=INSTANT or INPLACE, LOCK=NONE, e.g. on a MyISAM table) without those "
+            "clauses: the server may then copy the table and block its writes meanwhile. "
+            "Without it such a step stops the migration with one line.",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", metavar="", help="With --plan: the steps as one JSON list.")
+    ] = False,
+) -> None:
     """Create or upgrade the schema: batchrun's tables, then each job's own steps.
 
-    Idempotent, and never drops application data.
+    Idempotent, and never drops application data. On MySQL/MariaDB every change to an
+    existing table runs online (ALGORITHM=INSTANT, or INPLACE with LOCK=NONE).
     """
     context: Context = ctx.obj
+    if as_json and not plan:
+        raise typer.BadParameter("--json goes with --plan", param_hint="--json")
 
     async def go() -> int:
         jobs = [entry.job for entry in context.registry.values()]
-        async with open_backends(context.settings, create=True, migrated=False) as backends:
+        # --plan opens as every read-only command does: a missing SQLite file stays missing.
+        async with open_backends(context.settings, create=not plan, migrated=False) as backends:
             store = backends.store
             notes: list[str] = []
-            applied = await store.migrate(jobs, notes=notes)
+            if plan:
+                steps = await store.plan(jobs)
+                skipped = await store.foreign_jobs_notes(jobs)
+            else:
+                applied = await store.migrate(jobs, notes=notes, allow_locking=allow_locking)
+        if plan:
+            if as_json:
+                print(json.dumps([s.to_json() for s in steps]))
+            elif steps:
+                for line in ddl.plan_lines(steps):
+                    stdout.print(line, highlight=False, soft_wrap=True)
+            else:
+                stderr.print(f"{store.db.url} is up to date: nothing to do", highlight=False)
+            for line in skipped:
+                stderr.print(f"note: {line}", highlight=False, soft_wrap=True)
+            return 0
         for line in notes:
             stderr.print(f"note: {line}", highlight=False, soft_wrap=True)
         if applied:

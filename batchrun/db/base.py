@@ -77,6 +77,15 @@ class Database(ABC):
         """Whether ``table`` exists."""
         return bool(await self.fetchval("has_table", table=table, item=""))
 
+    async def estimate_rows(self, table: str) -> int | None:
+        """About how many rows ``table`` holds (None: no such table, or no estimate)."""
+        return None
+
+    async def threads_running(self) -> int | None:
+        """How many statements the server is executing now (None: no such server figure,
+        as on SQLite): ``--max-db-load`` pauses while it is above its limit."""
+        return None
+
     @abstractmethod
     async def close(self) -> None:
         """Close every connection."""

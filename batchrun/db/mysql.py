@@ -12,6 +12,7 @@ import aiomysql
 import pymysql
 
 from batchrun.db.base import Database, Row
+from batchrun.db.ddl import NotOnlineError
 from batchrun.db.sql import Queries, Statement
 from batchrun.errors import ConfigError, DatabaseError, LockTimeoutError, NotMigratedError
 from batchrun.urls import mask_text, mask_url, split
@@ -29,6 +30,9 @@ _CONFLICT_TRIES = 3
 # instead of waiting 50 s while its claims expire.
 LOCK_WAIT_S = 2
 _UNKNOWN_VARIABLE = 1193
+# The server refuses a stated ALGORITHM= or LOCK= (ER_ALTER_OPERATION_NOT_SUPPORTED and
+# its _REASON variant): the change cannot be made online.
+_NOT_ONLINE = {1845, 1846}
 # Single autocommit statements need no snapshot: READ COMMITTED takes no gap locks, so
 # concurrent runs and the heartbeat block each other less. MariaDB names the variable
 # tx_isolation (transaction_isolation only from 11.1), MySQL 8 transaction_isolation.
@@ -153,6 +157,8 @@ class MySQLDatabase(Database):
             )
         if _code(exc) == _LOCK_WAIT_TIMEOUT:
             return LockTimeoutError(f"database {self.url}: {text}")
+        if _code(exc) in _NOT_ONLINE:
+            return NotOnlineError(text)
         return DatabaseError(f"database {self.url}: {text}")
 
     async def execute(self, name: str, **params: Any) -> int:
@@ -180,6 +186,18 @@ class MySQLDatabase(Database):
     async def run_step(self, statement: Statement) -> None:
         sql, args = self.queries.compile_text(statement.text, statement.text, {})
         await self._run(sql, args, fetch=False)
+
+    async def estimate_rows(self, table: str) -> int | None:
+        """InnoDB's own estimate (information_schema TABLES.TABLE_ROWS): no table scan."""
+        if not await self.has_table(table):
+            return None
+        rows = await self.fetchval("table_rows", table=table)
+        return None if rows is None else int(rows)
+
+    async def threads_running(self) -> int | None:
+        """The server's Threads_running (SHOW GLOBAL STATUS): statements executing now."""
+        row = await self.fetchone("threads_running")
+        return int(row[1]) if row else None
 
     async def close(self) -> None:
         self._pool.close()

@@ -110,5 +110,18 @@ class SQLiteDatabase(Database):
     async def run_step(self, statement: Statement) -> None:
         await self._run(statement.text, (), fetch=False)
 
+    async def estimate_rows(self, table: str) -> int | None:
+        """ANALYZE's figure (sqlite_stat1) when there is one, else a COUNT(*)."""
+        if not await self.has_table(table):
+            return None
+        if await self.has_table("sqlite_stat1"):
+            stat = await self.fetchval("table_rows_stat", table=table)
+            if stat:
+                return int(str(stat).split()[0])
+        # An identifier cannot be bound; this one is a table that exists, quoted.
+        quoted = table.replace('"', '""')
+        rows = await self.fetch_sql(f'SELECT COUNT(*) FROM "{quoted}"', ())  # noqa: S608
+        return int(rows[0][0])
+
     async def close(self) -> None:
         await self._conn.close()

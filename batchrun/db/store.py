@@ -6,18 +6,22 @@ brings their schema steps in ``Job.sql``; the store only applies those steps in 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TYPE_CHECKING, Literal, get_args
 
+from batchrun.db import ddl
 from batchrun.db.base import Database, JobDatabase, Row
 from batchrun.db.sql import Statement, migration_steps
 from batchrun.errors import NotMigratedError
 
 if TYPE_CHECKING:
     from batchrun.job import Job
+
+log = logging.getLogger(__name__)
 
 
 class State(IntEnum):
@@ -118,7 +122,11 @@ class Store:
         return steps
 
     async def migrate(
-        self, jobs: Iterable[Job] = (), *, notes: list[str] | None = None
+        self,
+        jobs: Iterable[Job] = (),
+        *,
+        notes: list[str] | None = None,
+        allow_locking: bool = False,
     ) -> list[str]:
         """Run every step whose guard does not hold yet; return the names of the steps run.
 
@@ -127,6 +135,10 @@ class Store:
         complete schema changes nothing at all. A job whose tables are missing from a
         database that holds other application tables gets none created (its steps are
         the demo's, for an empty database): ``notes`` gains one line naming what it needs.
+
+        A step the server cannot run online (it refuses the ALGORITHM or LOCK the step
+        states) stops the migration with one line naming it, unless ``allow_locking``:
+        then it runs again without them, and the server may lock the table meanwhile.
         """
         applied: list[str] = []
         jobs = list(jobs)
@@ -135,10 +147,50 @@ class Store:
             notes.extend(skipped.values())
         for name, step in self._steps(j for j in jobs if j.name not in skipped):
             if not await self._step_done(name, step):
-                await self.db.run_step(step)
+                await self._run_step(name, step, allow_locking=allow_locking)
                 applied.append(name)
                 await self.db.execute("schema_record", step=name, now=now_ms())
         return applied
+
+    async def _run_step(self, name: str, step: Statement, *, allow_locking: bool) -> None:
+        try:
+            await self.db.run_step(step)
+        except ddl.NotOnlineError as exc:
+            plan = await self._plan_of(name, step)
+            if not allow_locking:
+                raise ddl.refused(plan, exc.reason) from None
+            log.warning(
+                "step %s on %s cannot run online (%s): running it without its "
+                "ALGORITHM/LOCK clause (--allow-locking); %s may be locked for writes "
+                "until it ends",
+                name,
+                plan.table,
+                exc.reason,
+                plan.table,
+            )
+            await self.db.run_step(ddl.without_online_clause(step))
+
+    async def plan(self, jobs: Iterable[Job] = ()) -> list[ddl.StepPlan]:
+        """The steps ``migrate`` would run, each with its table, algorithm, lock and the
+        table's row estimate: reads only, nothing is created or changed."""
+        jobs = list(jobs)
+        skipped = await self._foreign_database_jobs(jobs)
+        return [
+            await self._plan_of(name, step)
+            for name, step in self._steps(j for j in jobs if j.name not in skipped)
+            if not await self._step_done(name, step)
+        ]
+
+    async def foreign_jobs_notes(self, jobs: Iterable[Job]) -> list[str]:
+        """A line for each job whose tables this application database lacks (``migrate``
+        creates none for it)."""
+        return list((await self._foreign_database_jobs(list(jobs))).values())
+
+    async def _plan_of(self, name: str, step: Statement) -> ddl.StepPlan:
+        plan = ddl.describe(name, step)
+        if plan.table is None:
+            return plan
+        return ddl.describe(name, step, await self.db.estimate_rows(plan.table))
 
     async def _foreign_database_jobs(self, jobs: list[Job]) -> dict[str, str]:
         """Jobs whose tables an application database lacks: name -> the line saying so."""

@@ -73,3 +73,12 @@ CREATE TABLE IF NOT EXISTS batchrun_suppression (
   CONSTRAINT chk_batchrun_suppression_reason
     CHECK (reason IN ('unsubscribe', 'bounce', 'complaint', 'manual'))
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- name: table_rows
+-- The row estimate `db migrate --plan` shows (InnoDB's statistics, not a scan).
+SELECT table_rows FROM information_schema.tables
+WHERE table_schema = DATABASE() AND table_name = :table;
+
+-- name: threads_running
+-- What --max-db-load compares with its limit.
+SHOW GLOBAL STATUS LIKE 'Threads_running';

@@ -85,3 +85,7 @@ CREATE TABLE IF NOT EXISTS batchrun_suppression (
   source TEXT NOT NULL DEFAULT '',
   created_at INTEGER NOT NULL
 ) WITHOUT ROWID;
+
+-- name: table_rows_stat
+-- ANALYZE's row count of a table, the first number of its stat (`db migrate --plan`).
+SELECT stat FROM sqlite_stat1 WHERE tbl = :table ORDER BY idx IS NOT NULL LIMIT 1;
