@@ -105,6 +105,7 @@ class Settings:
     db_secret_arn: str | None = None  # the Lambda's: --db from Secrets Manager, if no --db
     concurrency: int = 20  # the Lambda's; the CLI takes --concurrency
     rate: float | Literal["auto"] | None = None  # the Lambda's; the CLI takes --rate
+    max_db_load: int | None = None  # pause pages while Threads_running is above (MySQL)
     extra: Mapping[str, str] = field(default_factory=dict)
     scheduled_jobs: str | None = None  # the Lambda's: the jobs a scheduled event runs
     jobs: str | None = None  # --jobs: modules or .py files defining jobs, comma-separated
@@ -137,6 +138,11 @@ class Settings:
             db_secret_arn=None if env.get("BATCHRUN_DB") else env.get("BATCHRUN_DB_SECRET_ARN"),
             concurrency=_int(env, "BATCHRUN_CONCURRENCY", 20, minimum=1),
             rate=parse_rate(rate, "BATCHRUN_RATE") if rate else None,
+            max_db_load=(
+                _int(env, "BATCHRUN_MAX_DB_LOAD", 0, minimum=1)
+                if env.get("BATCHRUN_MAX_DB_LOAD")
+                else None
+            ),
             extra={k: v for k, v in env.items() if k.startswith("AWS_")},
             jobs=env.get("BATCHRUN_JOBS") or None,
             scheduled_jobs=env.get("BATCHRUN_SCHEDULED_JOBS") or None,

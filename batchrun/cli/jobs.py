@@ -37,6 +37,19 @@ PageSize = Annotated[
     int, typer.Option("--page-size", min=1, max=5000, help="Entities read per page.")
 ]
 Limit = Annotated[int | None, typer.Option("--limit", min=1, help="Stop after this many entities.")]
+MaxDbLoad = Annotated[
+    int | None,
+    typer.Option(
+        "--max-db-load",
+        min=1,
+        metavar="N",
+        help="Pause taking new pages while the database server runs more than N statements "
+        "at once (Threads_running in SHOW GLOBAL STATUS, batchrun's own included), "
+        "re-checking every 0.5 s; the pause is logged and counted in db_paused_s. "
+        "MySQL/MariaDB only: on SQLite it is accepted and does nothing. "
+        "Default: BATCHRUN_MAX_DB_LOAD, else no pause.",
+    ),
+]
 Json = Annotated[bool, typer.Option("--json", metavar="", help="Print one JSON summary on stdout.")]
 FanOutQueue = Annotated[
     str | None,
@@ -66,6 +79,7 @@ def birthday(
     as_json: Json = False,
     fan_out: FanOutQueue = None,
     shard_size: ShardSize = 1000,
+    max_db_load: MaxDbLoad = None,
 ) -> None:
     """Give every active user born in MONTH one gift card for the year and one birthday email.
 
@@ -75,7 +89,13 @@ def birthday(
     """
     which = period_option("month", month, "--month")
     pace = rate_option(rate)
-    options = Options(concurrency=concurrency, rate=pace, page_size=page_size, limit=limit)
+    options = Options(
+        concurrency=concurrency,
+        rate=pace,
+        page_size=page_size,
+        limit=limit,
+        max_db_load=max_db_load,
+    )
     _run_job(ctx, "birthday", which, options, dry_run, as_json, fan_out, shard_size)
 
 
@@ -97,13 +117,20 @@ def run(
     as_json: Json = False,
     fan_out: FanOutQueue = None,
     shard_size: ShardSize = 1000,
+    max_db_load: MaxDbLoad = None,
 ) -> None:
     """Run JOB for one period: every entity its page returns, exactly once per its once_per.
 
     Exit 0 when every entity is done, 3 when some failed and wait in the retry queue.
     """
     pace = rate_option(rate)
-    options = Options(concurrency=concurrency, rate=pace, page_size=page_size, limit=limit)
+    options = Options(
+        concurrency=concurrency,
+        rate=pace,
+        page_size=page_size,
+        limit=limit,
+        max_db_load=max_db_load,
+    )
     _run_job(ctx, job, period, options, dry_run, as_json, fan_out, shard_size)
 
 

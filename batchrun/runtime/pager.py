@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from batchrun.db.base import Database
 from batchrun.db.store import FINAL_STATES, MAX_ID, Claim, Scope, Store, now_ms
 from batchrun.engine import StopToken
 from batchrun.errors import JobError, LockTimeoutError
@@ -65,6 +67,53 @@ def unfinished(rows: Sequence[dict[str, Any]], ledger: dict[int, Claim]) -> list
     return [r for r in rows if (c := ledger.get(r["id"])) is None or c.state not in FINAL_STATES]
 
 
+class LoadGate:
+    """``--max-db-load``: before a page, wait while the server runs more than ``limit``
+    statements at once (its Threads_running, batchrun's own and this check included).
+
+    It re-checks every ``poll_s``; the first pause of a run is logged, and every pause
+    adds to ``paused_s`` (the summary's ``db_paused_s``). A database without such a
+    figure (SQLite) never pauses. A stop ends the wait.
+    """
+
+    def __init__(
+        self, db: Database, limit: int | None, stop: StopToken, *, poll_s: float = 0.5
+    ) -> None:
+        self.db = db
+        self.limit = limit
+        self.stop = stop
+        self.poll_s = poll_s
+        self.paused_s = 0.0
+        self.pauses = 0
+
+    async def wait(self) -> None:
+        if self.limit is None:
+            return
+        running = await self.db.threads_running()
+        if running is None or running <= self.limit:
+            return
+        if self.pauses == 0:
+            log.warning(
+                "database busy (Threads_running %d, above --max-db-load %d): pausing new "
+                "pages until it falls back",
+                running,
+                self.limit,
+            )
+        self.pauses += 1
+        started = time.monotonic()
+        try:
+            while not self.stop.stopping:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait_stopping(), timeout=self.poll_s)
+                running = await self.db.threads_running()
+                if running is None or running <= self.limit:
+                    break
+        finally:
+            paused = time.monotonic() - started
+            self.paused_s += paused
+            log.info("database load fell back: pages resume after %.1f s", paused)
+
+
 class Pager:
     """Yields claimed, prepared entities of (after, until]; remembers where it stopped."""
 
@@ -82,6 +131,7 @@ class Pager:
         start_after: int = 0,
         until: int = MAX_ID,
         poll_s: float = 1.0,
+        gate: LoadGate | None = None,
     ) -> None:
         self.job = job
         self.ctx = ctx
@@ -94,6 +144,7 @@ class Pager:
         self.cursor = start_after
         self.until = until
         self.poll_s = poll_s
+        self.gate = gate
         self.done = False  # every page was read and every foreign claim settled
         self.foreign: set[int] = set()  # entities other runs hold
         self.unyielded: deque[Item] = deque()
@@ -109,6 +160,10 @@ class Pager:
                 return
             if not await self.lease.fence():
                 return  # stopped while the claims already held could not be renewed
+            if self.gate is not None:
+                await self.gate.wait()
+                if self.stop.stopping:
+                    continue  # the loop ends: stopped while paused
             rows = await page(self.job, self.ctx, self.cursor, limit)
             if not rows:
                 break

@@ -41,6 +41,7 @@ class Summary(_Report):
     throttles: int = 0  # sends the provider throttled (slowed down and sent again)
     send_rate: float | None = None  # the pace the adaptive rate settled at (sends/s)
     send_rate_peak: float | None = None
+    db_paused_s: float = 0.0  # time spent waiting for the database's load (--max-db-load)
     duration_s: float = 0.0
     counters: dict[str, int] = field(default_factory=dict)  # the job's ctx.count names
     month: str | None = None  # a month job's period, under the name batchrun 0.1 used

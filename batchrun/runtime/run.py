@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from batchrun.db.store import MAX_ID, Scope, State
-from batchrun.engine import Progress, Runner
+from batchrun.engine import Progress, Runner, StopToken
 from batchrun.errors import NotMigratedError, QueueError
 from batchrun.job import Context, Job
 from batchrun.mail.base import valid_address
@@ -25,7 +25,7 @@ from batchrun.period import Period
 from batchrun.queue.base import QueueMessage
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.outcomes import Outcome
-from batchrun.runtime.pager import Pager, page, unfinished
+from batchrun.runtime.pager import LoadGate, Pager, page, unfinished
 from batchrun.runtime.recorder import Item, Recorder
 from batchrun.runtime.reports import Summary
 from batchrun.runtime.sending import BREAKER_REASON, CircuitBreaker, make_limiter
@@ -50,6 +50,9 @@ class Options:
     # works, for a later delivery: a new continuation each outage would go round forever).
     breaker_handoff: bool = True
     grace_s: float = 30.0  # after a stop, how long in-flight work may take to finish
+    # Pause taking pages while the server's Threads_running is above this (None: the
+    # settings' BATCHRUN_MAX_DB_LOAD, else never). MySQL/MariaDB only.
+    max_db_load: int | None = None
     on_progress: Callable[[Progress], None] | None = None
 
 
@@ -112,6 +115,7 @@ async def _run(
     limiter = await make_limiter(rt.mailer, options.rate)
     ctx, sender = rt.context(job, period, summary=summary, lease=lease, stop=stop, limiter=limiter)
     scope = scope_of(ctx)
+    gate = _load_gate(rt, options, stop)
     recorder = Recorder(rt.store, rt.queue, lease, summary=summary, enqueue=True)
     breaker = CircuitBreaker(rt.settings.breaker_threshold)
     runner: Runner[Item] = Runner(
@@ -157,6 +161,7 @@ async def _run(
         start_after=after,
         until=until,
         poll_s=min(1.0, rt.settings.lease_s / 5),
+        gate=gate,
     )
     try:
         result = await runner.run(pager.items(), worker.work)
@@ -187,6 +192,7 @@ async def _run(
             await _hand_off(rt, job, period, options, summary, pager, released, until)
     finally:
         await recorder.close()
+        summary.db_paused_s = round(gate.paused_s, 3)
         summary.throttles = sender.throttles
         if limiter is not None:
             summary.send_rate = round(limiter.settled, 2)
@@ -245,9 +251,14 @@ async def _dry_run(
     ctx, _ = rt.context(job, period, dry_run=True)
     scope = scope_of(ctx)
     fresh = not await rt.store.period_started(job=job.name, period=str(period))
+    gate = _load_gate(rt, options, rt.stop)
     while True:
         limit = _page_limit(options, summary.eligible)
         if limit <= 0:
+            return
+        await gate.wait()
+        summary.db_paused_s = round(gate.paused_s, 3)
+        if rt.stop.stopping:
             return
         rows = await page(job, ctx, after, limit)
         if not rows:
@@ -267,6 +278,11 @@ async def _dry_run(
             options.on_progress(Progress("done", len(in_range)))
         if len(in_range) < len(rows) or rt.stop.stopping:
             return
+
+
+def _load_gate(rt: Runtime, options: Options, stop: StopToken) -> LoadGate:
+    limit = options.max_db_load if options.max_db_load is not None else rt.settings.max_db_load
+    return LoadGate(rt.store.db, limit, stop)
 
 
 def _page_limit(options: Options, seen: int) -> int:
