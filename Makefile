@@ -41,10 +41,16 @@ format: install
 clean:
 	rm -rf .demo dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: bench bench-quick
+.PHONY: bench bench-quick bench-migrate
 
-bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling (MariaDB on 127.0.0.1:3306)
+bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling, then bench-migrate (MariaDB on 127.0.0.1:3306)
 	$(BIN)/python -m bench.run --repeat 3 --json bench/results.json
+	$(MAKE) bench-migrate
+
+MIGRATE_ROWS ?= 2000000
+
+bench-migrate: install  ## the longest application write `db migrate` blocks, at 2,000,000 users (and the earlier STORED column's)
+	$(BIN)/python -m bench.migrate_stall --rows $(MIGRATE_ROWS) --stored --json bench/migrate-stall.json
 
 bench-quick: install  ## a smoke run of the benchmark: 20k users, naive at 5k and 20k
 	$(BIN)/python -m bench.run --quick --json bench/results-quick.json
