@@ -13,6 +13,7 @@ import json
 import os
 import sqlite3
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,6 +140,15 @@ def test_plan_shows_each_step_and_changes_nothing(db_url: str) -> None:
     again = migrate(db_url, "--plan")
     assert again.exit_code == 0 and again.stdout == ""
     assert "up to date" in again.stderr
+
+
+def test_plan_of_a_missing_sqlite_file_creates_no_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    done = migrate(url, "--plan")
+    assert done.exit_code == 0, done.output
+    assert "birthday.migrate_0001_user" in done.stdout  # every step, from an empty database
+    assert "does not exist yet" in done.stderr
+    assert not (tmp_path / "new.db").exists()
 
 
 def test_plan_json_needs_plan(sqlite_url: str) -> None:

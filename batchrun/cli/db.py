@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,8 +11,10 @@ import typer
 from batchrun.backends import open_backends
 from batchrun.cli.app import Context, db_app, period_option, run_command, stderr, stdout
 from batchrun.db import ddl
-from batchrun.errors import DatabaseError
+from batchrun.db.sqlite import sqlite_path
+from batchrun.errors import ConfigError, DatabaseError
 from batchrun.jobs.birthday import demo
+from batchrun.urls import scheme_of
 
 
 @db_app.command("migrate")
@@ -43,17 +46,24 @@ def db_migrate(
 ) -> None:
     """Create or upgrade the schema: batchrun's tables, then each job's own steps.
 
-    Idempotent, and never drops application data. On MySQL/MariaDB every change to an
-    existing table runs online (ALGORITHM=INSTANT, or INPLACE with LOCK=NONE).
+    Idempotent, and never drops application data.
+
+    On MySQL/MariaDB every change to an existing table is made online (see --plan).
     """
     context: Context = ctx.obj
     if as_json and not plan:
         raise typer.BadParameter("--json goes with --plan", param_hint="--json")
 
+    settings = context.settings
+    missing = _missing_sqlite_file(settings.db_url) if plan else None
+    if missing is not None:
+        # Nothing to read yet: the plan is an empty database's, and the file stays missing.
+        settings = settings.with_overrides(db_url="sqlite:///:memory:")
+
     async def go() -> int:
         jobs = [entry.job for entry in context.registry.values()]
-        # --plan opens as every read-only command does: a missing SQLite file stays missing.
-        async with open_backends(context.settings, create=not plan, migrated=False) as backends:
+        # --plan opens as every read-only command does: it creates no file, turns on no WAL.
+        async with open_backends(settings, create=not plan, migrated=False) as backends:
             store = backends.store
             notes: list[str] = []
             if plan:
@@ -71,6 +81,8 @@ def db_migrate(
                 stderr.print(f"{store.db.url} is up to date: nothing to do", highlight=False)
             for line in skipped:
                 stderr.print(f"note: {line}", highlight=False, soft_wrap=True)
+            if missing is not None:
+                stderr.print(f"note: {missing} does not exist yet: migrate creates it")
             return 0
         for line in notes:
             stderr.print(f"note: {line}", highlight=False, soft_wrap=True)
@@ -81,6 +93,17 @@ def db_migrate(
         return 0
 
     run_command(ctx, go)
+
+
+def _missing_sqlite_file(url: str) -> str | None:
+    """The path of a SQLite database file that does not exist yet, if ``url`` names one."""
+    if scheme_of(url) != "sqlite":
+        return None
+    try:
+        path = sqlite_path(url)
+    except ConfigError:
+        return None  # open_backends says what is wrong with the URL
+    return path if path != ":memory:" and not Path(path).exists() else None
 
 
 @db_app.command("seed")
