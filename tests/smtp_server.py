@@ -82,6 +82,7 @@ class ReceivedMessage:
     raw: bytes
     message_id: str | None
     email: EmailMessage = field(repr=False)
+    mail_options: tuple[str, ...] = ()  # MAIL FROM parameters, e.g. ("SMTPUTF8",)
 
 
 class _Recorder:
@@ -233,6 +234,7 @@ class _Handler:
             raw=raw,
             message_id=str(parsed["Message-ID"]) if parsed["Message-ID"] is not None else None,
             email=parsed,
+            mail_options=tuple(envelope.mail_options),
         )
         with self.rec.cond:
             self.rec.messages.append(message)
@@ -247,13 +249,16 @@ class _Handler:
 class _Controller(Controller):
     """A Controller on a socket bound before start, so the port is free and known."""
 
-    def __init__(self, handler: _Handler, recorder: _Recorder, sock: socket.socket) -> None:
+    def __init__(
+        self, handler: _Handler, recorder: _Recorder, sock: socket.socket, *, smtputf8: bool
+    ) -> None:
         super().__init__(
             handler,
             hostname=HOST,
             port=sock.getsockname()[1],
             server_hostname="localhost",  # skips a slow getfqdn() in each session
             ready_timeout=10.0,
+            enable_SMTPUTF8=smtputf8,
         )
         self._recorder = recorder
         self._sock = sock
@@ -280,6 +285,7 @@ class SmtpTestServer:
         policy_stage: Stage = "rcpt",
         latency: float = 0.0,
         connect_latency: float = 0.0,
+        smtputf8: bool = False,
     ) -> None:
         """Configure the server; ``start()`` opens the port.
 
@@ -288,8 +294,10 @@ class SmtpTestServer:
             policy_stage: answer the policy's reply to RCPT TO or to the end of DATA.
             latency: seconds to wait before answering the end of DATA (a slow server).
             connect_latency: seconds to wait before answering EHLO/HELO.
+            smtputf8: offer SMTPUTF8 (RFC 6531) in the EHLO reply.
         """
         self._rec = _Recorder(policy, policy_stage, latency, connect_latency)
+        self._smtputf8 = smtputf8
         self._controller: _Controller | None = None
         self.port = 0
 
@@ -304,7 +312,7 @@ class SmtpTestServer:
             sock.bind((HOST, 0))
             sock.listen(128)
             sock.setblocking(False)
-            controller = _Controller(_Handler(self._rec), self._rec, sock)
+            controller = _Controller(_Handler(self._rec), self._rec, sock, smtputf8=self._smtputf8)
             controller.start()
         except BaseException:
             sock.close()

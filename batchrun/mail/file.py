@@ -67,7 +67,9 @@ class FileMailer:
             MailConnectionError: the directory cannot be written (permissions, disk full).
         """
         try:
-            data = message.to_bytes()
+            # An outbox file is no SMTP session: a non-ASCII local part is written as
+            # UTF-8 (RFC 6532), as a server offering SMTPUTF8 would receive it.
+            data = message.to_bytes(utf8=True)
         except ValueError as exc:
             raise PermanentMailError(f"message cannot be built: {exc}") from exc
         path = self.path_for(message)

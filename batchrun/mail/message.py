@@ -16,6 +16,8 @@ from datetime import UTC, datetime
 from email.message import EmailMessage
 from email.utils import format_datetime, formataddr, parseaddr
 
+from batchrun.mail.address import idna_domain, wire_address
+
 MAX_NAME_CHARS = 200
 MAX_ADDRESS_CHARS = 254
 
@@ -48,6 +50,9 @@ def valid_address(addr: str) -> bool:
 
     One ``@``, a non-empty local part, a domain with a dot (or ``localhost``), no
     whitespace, control or RFC 5322 special characters, at most 254 characters.
+    Non-ASCII is allowed: the domain must then have an IDNA form (``bücher.example`` is
+    sent as ``xn--bcher-kva.example``; ``🎂.example`` has none), and a non-ASCII local
+    part needs a server that offers SMTPUTF8, which the mailer checks at send.
     """
     if not addr or len(addr) > MAX_ADDRESS_CHARS or addr.count("@") != 1:
         return False
@@ -56,6 +61,13 @@ def valid_address(addr: str) -> bool:
     local, domain = addr.split("@")
     if not local or not domain:
         return False
+    if not addr.isascii():
+        # A non-ASCII local part is deliverable where SMTPUTF8 is (the mailer decides);
+        # a domain must have an IDNA form, and the checks below apply to that form.
+        wire = idna_domain(domain)
+        if wire is None or len(local.encode("utf-8")) + 1 + len(wire) > MAX_ADDRESS_CHARS:
+            return False
+        domain = wire
     if domain.lower() == "localhost":
         return True
     labels = domain.split(".")
@@ -82,12 +94,23 @@ class Message:
         return _envelope_sender(self.sender)
 
     @property
+    def envelope_to(self) -> str:
+        """``to_addr`` as RCPT TO and the To header carry it: the domain in IDNA.
+
+        Raises ValueError (``AddressError``) when the domain has no IDNA form."""
+        return wire_address(self.to_addr)
+
+    @property
     def display_to(self) -> str:
         """The To header value: the cleaned display name and the address."""
         return formataddr((clean_text(self.to_name, MAX_NAME_CHARS), self.to_addr))
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, *, utf8: bool = False) -> bytes:
         """The message as sent: RFC 5322 bytes, text and HTML alternatives in UTF-8.
+
+        The recipient's domain is written in IDNA. A non-ASCII local part can only be
+        written as UTF-8 in the To header (RFC 6532), for a server that takes SMTPUTF8:
+        ``utf8=True`` allows it, otherwise it is a ValueError like any unsendable address.
 
         Built directly rather than through ``email.message`` (which costs ~2 ms a message
         and would make the CPU, not the mail server, the limit); ``to_email`` parses it
@@ -100,13 +123,21 @@ class Message:
         for value in (self.sender, self.to_addr, self.message_id):
             if _unsafe(value):
                 raise ValueError(f"header value contains a line break: {value!r}")
+        to_addr = wire_address(self.to_addr)
+        to_name = clean_text(self.to_name, MAX_NAME_CHARS)
+        if to_addr.isascii():
+            to_header = _address(to_name, to_addr)
+        elif utf8:
+            to_header = _utf8_address(to_name, to_addr)
+        else:
+            raise ValueError(f"the local part of {self.to_addr!r} is not ASCII: it needs SMTPUTF8")
         extra = "".join([_extra_header(n, v) for n, v in self.headers]) if self.headers else ""
         # No part can contain the boundary: base64 has no '_'. Random only by convention,
         # so the cheap generator does (a urandom call per message showed in profiles).
         boundary = f"=_batchrun_{random.getrandbits(96):024x}"
         headers = (
             f"From: {_from_header(self.sender)}"
-            f"\r\nTo: {_address(clean_text(self.to_name, MAX_NAME_CHARS), self.to_addr)}"
+            f"\r\nTo: {to_header}"
             f"\r\nSubject: {_subject_header(self.subject)}"
             f"\r\nDate: {_now_header()}"
             f"\r\nMessage-ID: {self.message_id}"
@@ -118,26 +149,34 @@ class Message:
             f"{extra}"
             "\r\nMIME-Version: 1.0"
         )
+        # ASCII but for a UTF-8 To header, which only utf8=True lets through.
+        charset = "utf-8" if utf8 else "ascii"
         if not self.html:  # a text-only message: one part, no multipart wrapper
             body = base64.encodebytes(self.text.encode("utf-8")).replace(b"\n", b"\r\n")
             return (
                 headers + '\r\nContent-Type: text/plain; charset="utf-8"'
                 "\r\nContent-Transfer-Encoding: base64\r\n\r\n"
-            ).encode("ascii") + body
+            ).encode(charset) + body
         # Folded: on one line it is 83 characters, over RFC 5322's 78.
         headers += f'\r\nContent-Type: multipart/alternative;\r\n boundary="{boundary}"\r\n\r\n'
         return b"".join(
             (
-                headers.encode("ascii"),
+                headers.encode(charset),
                 _part(boundary, "plain", self.text),
                 _part(boundary, "html", self.html),
                 f"--{boundary}--\r\n".encode("ascii"),
             )
         )
 
-    def to_email(self) -> EmailMessage:
+    def to_email(self, *, utf8: bool = False) -> EmailMessage:
         """``to_bytes`` parsed back into an EmailMessage (for tests and inspection)."""
-        parsed = email.message_from_bytes(self.to_bytes(), policy=email.policy.SMTP)
+        raw = self.to_bytes(utf8=utf8)
+        # The email package reads 8-bit header bytes as escapes: decode UTF-8 headers first.
+        parsed = (
+            email.message_from_string(raw.decode("utf-8"), policy=email.policy.SMTPUTF8)
+            if utf8
+            else email.message_from_bytes(raw, policy=email.policy.SMTP)
+        )
         assert isinstance(parsed, EmailMessage)
         return parsed
 
@@ -221,6 +260,13 @@ def _address(name: str, addr: str, prefix: int = len("From: ")) -> str:
     # Only a quoted ASCII name is left, which holds no encoded word: formataddr adds the
     # quotes. It also raises UnicodeEncodeError (a ValueError) for a non-ASCII address.
     return formataddr((name, addr), charset="utf-8")
+
+
+def _utf8_address(name: str, addr: str) -> str:
+    """``Name <addr>`` for an address with a non-ASCII local part (RFC 6532): the name
+    written exactly as for an ASCII address, the address in UTF-8 as it is."""
+    shown = _address(name, "@")  # "@": an ASCII stand-in, replaced below
+    return f"{shown[:-2]}{addr}>" if shown.endswith("<@>") else addr
 
 
 def _encoded_word(text: str, room: int = 75) -> str:

@@ -32,12 +32,15 @@ from batchrun.errors import (
     TemporaryMailError,
     ThrottledError,
 )
+from batchrun.job import Skip
+from batchrun.mail.address import needs_smtputf8
 from batchrun.mail.message import Message
 
 __all__ = ["SesMailer", "endpoint_from_env"]
 
 log = logging.getLogger(__name__)
 
+SES_NO_SMTPUTF8 = "non-ASCII local part: SES does not accept SMTPUTF8 addresses"
 # AWS error messages are echoed into reasons that end up in the ledger and on screen.
 MAX_REASON_CHARS = 300
 # aiobotocore's own default; a smaller pool would make concurrent sends queue for a socket.
@@ -214,9 +217,14 @@ class SesMailer:
                 (credentials, account paused or suspended, unverified sender, quota).
             PermanentMailError: SES rejected this message or recipient.
             TemporaryMailError: any other failure worth retrying later.
+            Skip: the address has a non-ASCII local part, which SES never accepts.
         """
+        if needs_smtputf8(message.to_addr):
+            # SES takes no SMTPUTF8 addresses (its domains may be IDNA): never sendable.
+            raise Skip(SES_NO_SMTPUTF8)
         try:
             raw = message.to_bytes()
+            recipient = message.envelope_to
         except ValueError as exc:
             raise PermanentMailError(f"message cannot be built: {exc}") from exc
         try:
@@ -224,7 +232,7 @@ class SesMailer:
                 client = await self.open()
                 response = await client.send_email(
                     FromEmailAddress=message.envelope_sender,
-                    Destination={"ToAddresses": [message.to_addr]},
+                    Destination={"ToAddresses": [recipient]},
                     Content={"Raw": {"Data": raw}},
                 )
         except MailError:

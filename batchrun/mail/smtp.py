@@ -18,6 +18,7 @@ from batchrun.errors import (
     TemporaryMailError,
     ThrottledError,
 )
+from batchrun.mail.address import needs_smtputf8
 from batchrun.mail.message import Message
 
 log = logging.getLogger(__name__)
@@ -103,12 +104,16 @@ class SmtpMailer:
             MailConnectionError: the server is unreachable, hung up, timed out or
                 refused the session (421, greeting, AUTH, sender).
             PermanentMailError: a 5xx reply for the recipient or the content, or an
-                address that cannot be sent.
+                address that cannot be sent (a non-ASCII local part, when the server
+                does not offer SMTPUTF8).
         """
         if self._closed:
             raise MailConnectionError("SMTP mailer is closed")
+        # RFC 6531: only a non-ASCII local part needs SMTPUTF8; a domain goes in IDNA.
+        utf8 = needs_smtputf8(message.to_addr)
         try:
-            raw = message.to_bytes()
+            raw = message.to_bytes(utf8=utf8)
+            recipient = message.envelope_to
         except ValueError as exc:
             raise PermanentMailError(f"message cannot be built: {exc}") from exc
         async with self._slots:
@@ -120,7 +125,13 @@ class SmtpMailer:
                 # One deadline for the whole transaction; timeout=None spares aiosmtplib's
                 # own per-reply timers (four per message), which this one already covers.
                 async with asyncio.timeout(self.timeout):
-                    await _transact(client, message.envelope_sender, message.to_addr, raw)
+                    if utf8 and not await self._offers_smtputf8(client):
+                        reusable = True  # nothing was sent on this session
+                        raise PermanentMailError(
+                            "the address's local part is not ASCII and SMTP "
+                            f"{self.host}:{self.port} does not offer SMTPUTF8"
+                        )
+                    await _transact(client, message.envelope_sender, recipient, raw)
                 reusable = True
             except aiosmtplib.SMTPResponseException as exc:
                 # _transact already sent RSET; a 421 means the server is closing. A
@@ -147,6 +158,15 @@ class SmtpMailer:
                 ) from exc
             finally:
                 self._checkin(client, reusable)
+
+    async def _offers_smtputf8(self, client: aiosmtplib.SMTP) -> bool:
+        """Whether this session's server offers SMTPUTF8 (saying EHLO first if needed)."""
+        if client.is_ehlo_or_helo_needed:
+            try:
+                await client.ehlo(timeout=None)
+            except aiosmtplib.SMTPHeloError:
+                return False  # no EHLO, no extensions: sendmail would fall back to HELO
+        return client.supports_extension("smtputf8")
 
     async def close(self) -> None:
         """Say QUIT on idle connections and close them; later sends fail."""
