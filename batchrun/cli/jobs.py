@@ -307,7 +307,7 @@ def preview(
         entry = context.registry.entry(job)
         async with open_backends(settings, jobs=[entry.job]) as backends:
             message = await context.runtime(backends).preview(job, which, entity)
-        parsed = message.to_email()
+        parsed = message.to_email(utf8=True)  # a non-ASCII local part shown as it is
         for header in ("From", "To", "Subject", "Message-ID", "List-Unsubscribe"):
             if header in parsed:
                 print(f"{header}: {parsed[header]}")
