@@ -12,6 +12,7 @@ from batchrun.errors import UsageError
 from batchrun.job import Job
 from batchrun.mail.base import Mailer, valid_address
 from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.mail.dkim import signer_for
 from batchrun.queue.base import RetryQueue
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.settings import Settings
@@ -84,6 +85,8 @@ async def open_backends(
     ``migrated``: check that batchrun's schema and the steps of ``jobs`` are all there.
     """
     check_urls(settings, mail=mail)
+    # Read and tried before anything connects: a bad key is a config error, exit 2.
+    dkim = signer_for(settings) if mail else None
     # The page reader, the group commit, the heartbeat and a spare: the workers send mail,
     # they do not hold database connections.
     database = await connect(
@@ -108,6 +111,7 @@ async def open_backends(
                 timeout=settings.mail_timeout_s,
                 pool_size=concurrency,
                 env=settings.extra,
+                dkim=dkim,
             )
         yield Backends(store, mailer, retry_queue)
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -86,6 +87,24 @@ def _unsubscribe(env: Mapping[str, str]) -> tuple[str | None, str | None]:
     return url, secret
 
 
+# A DKIM selector is one or more DNS labels: SELECTOR._domainkey.DOMAIN must be a name.
+_SELECTOR = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9_-]{1,63}(?<!-))*")
+
+
+def _dkim(env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    """BATCHRUN_DKIM_KEY_FILE and BATCHRUN_DKIM_SELECTOR: both, or neither."""
+    key_file = env.get("BATCHRUN_DKIM_KEY_FILE") or None
+    selector = env.get("BATCHRUN_DKIM_SELECTOR") or None
+    if (key_file is None) != (selector is None):
+        missing = "BATCHRUN_DKIM_SELECTOR" if selector is None else "BATCHRUN_DKIM_KEY_FILE"
+        raise ConfigError(f"DKIM signing needs {missing} too (set both, or neither)")
+    if selector is not None and (len(selector) > 200 or not _SELECTOR.fullmatch(selector)):
+        raise ConfigError(
+            f"BATCHRUN_DKIM_SELECTOR must be a DNS label such as 'mail2026', got {selector[:80]!r}"
+        )
+    return key_file, selector
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything configurable; CLI options override the environment through ``replace``."""
@@ -113,6 +132,9 @@ class Settings:
     # One-click unsubscribe: the base URL tokens go under, and the secret that signs them.
     unsubscribe_url: str | None = None
     unsubscribe_secret: str | None = field(default=None, repr=False)
+    # DKIM for SMTP relays that do not sign (never on SES): the PEM key file and selector.
+    dkim_key_file: str | None = None
+    dkim_selector: str | None = None
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)  # jobs read it: ctx.env
 
     @classmethod
@@ -122,6 +144,7 @@ class Settings:
         margin = env.get("BATCHRUN_DEADLINE_MARGIN_MS")
         rate = env.get("BATCHRUN_RATE")
         unsubscribe_url, unsubscribe_secret = _unsubscribe(env)
+        dkim_key_file, dkim_selector = _dkim(env)
         return cls(
             db_url=env.get("BATCHRUN_DB") or DEFAULT_DB,
             mail_url=env.get("BATCHRUN_MAIL") or DEFAULT_MAIL,
@@ -149,6 +172,8 @@ class Settings:
             templates_dir=env.get("BATCHRUN_TEMPLATES") or None,
             unsubscribe_url=unsubscribe_url,
             unsubscribe_secret=unsubscribe_secret,
+            dkim_key_file=dkim_key_file,
+            dkim_selector=dkim_selector,
             environ=dict(env),
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from batchrun.errors import ConfigError
@@ -18,6 +18,9 @@ from batchrun.mail.message import (
     clean_text,
     valid_address,
 )
+
+if TYPE_CHECKING:
+    from batchrun.mail.dkim import DkimSigner
 
 # The names batchrun.mail.base has always had, for the code and tests that import them.
 __all__ = [
@@ -54,6 +57,7 @@ def from_url(
     timeout: float = 10.0,
     pool_size: int = 4,
     env: Mapping[str, str] | None = None,
+    dkim: DkimSigner | None = None,
 ) -> Mailer:
     """Return the mail backend a ``--mail`` URL names; imports only that backend.
 
@@ -66,6 +70,8 @@ def from_url(
             for SES, the HTTP connection pool (at least 10).
         env: the ``AWS_*`` variables (``Settings.extra``) for ``ses://``: region,
             endpoint (``AWS_ENDPOINT_URL_SESV2``, ``AWS_ENDPOINT_URL``) and keys.
+        dkim: signs what ``smtp://``, ``smtps://`` and ``file://`` send; never used for
+            ``ses://`` (SES signs with Easy DKIM) nor ``console://`` / ``discard://``.
 
     Raises:
         ConfigError: an unknown scheme or an unusable URL; the message never holds the
@@ -79,7 +85,7 @@ def from_url(
     except ValueError as exc:
         raise ConfigError(f"unusable {scheme}:// mail URL: {exc}") from None
     if scheme in ("smtp", "smtps"):
-        return _smtp_from_parts(parts, scheme, timeout=timeout, pool_size=pool_size)
+        return _smtp_from_parts(parts, scheme, timeout=timeout, pool_size=pool_size, dkim=dkim)
     if scheme == "ses":
         return _ses_from_parts(parts, env or {}, timeout=timeout, pool_size=pool_size)
     _reject_query(parts, scheme)
@@ -91,7 +97,7 @@ def from_url(
             raise ConfigError("file:// mail URL needs a directory, e.g. file://outbox")
         from batchrun.mail.file import FileMailer
 
-        return FileMailer(directory)
+        return FileMailer(directory, dkim=dkim)
     if scheme in ("console", "discard"):
         if parts.netloc or parts.path.strip("/"):
             raise ConfigError(f"{scheme}:// mail URL takes no host or path")
@@ -133,7 +139,14 @@ def _ses_from_parts(
     return SesMailer(region, env=env, timeout=timeout, pool_size=pool_size)
 
 
-def _smtp_from_parts(parts: SplitResult, scheme: str, *, timeout: float, pool_size: int) -> Mailer:
+def _smtp_from_parts(
+    parts: SplitResult,
+    scheme: str,
+    *,
+    timeout: float,
+    pool_size: int,
+    dkim: DkimSigner | None = None,
+) -> Mailer:
     """Build an SmtpMailer from a parsed ``smtp://`` or ``smtps://`` URL."""
     implicit_tls = scheme == "smtps"
     try:
@@ -182,6 +195,7 @@ def _smtp_from_parts(parts: SplitResult, scheme: str, *, timeout: float, pool_si
         start_tls=False if implicit_tls else start_tls,
         timeout=timeout,
         pool_size=pool_size,
+        dkim=dkim,
     )
 
 

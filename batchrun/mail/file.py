@@ -10,9 +10,13 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from batchrun.errors import MailConnectionError, PermanentMailError
 from batchrun.mail.message import Message
+
+if TYPE_CHECKING:
+    from batchrun.mail.dkim import DkimSigner
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +43,26 @@ def file_name(message_id: str) -> str:
 class FileMailer:
     """Writes each message to ``DIR/<message-id>.eml`` atomically; a resend overwrites."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = False) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        fsync: bool = False,
+        dkim: DkimSigner | None = None,
+    ) -> None:
         """Remember the directory; it is created (mode 0o700) on the first send.
 
         Args:
             directory: where the ``.eml`` files go.
             fsync: flush each file to disk before it appears, surviving power loss, not
                 only a crash of this process (which atomic rename already survives).
+            dkim: signs each message as an SMTP relay would receive it, so the outbox
+                shows (and lets you check) the signature.
         """
         self.directory = Path(directory)
         self.sent = 0
         self._fsync = fsync
+        self._dkim = dkim
         self._ready = False
 
     def __repr__(self) -> str:
@@ -70,6 +83,8 @@ class FileMailer:
             # An outbox file is no SMTP session: a non-ASCII local part is written as
             # UTF-8 (RFC 6532), as a server offering SMTPUTF8 would receive it.
             data = message.to_bytes(utf8=True)
+            if self._dkim is not None:
+                data = self._dkim.sign(data)
         except ValueError as exc:
             raise PermanentMailError(f"message cannot be built: {exc}") from exc
         path = self.path_for(message)

@@ -8,6 +8,7 @@ import logging
 import re
 import ssl
 import time
+from typing import TYPE_CHECKING
 
 import aiosmtplib
 
@@ -20,6 +21,9 @@ from batchrun.errors import (
 )
 from batchrun.mail.address import needs_smtputf8
 from batchrun.mail.message import Message
+
+if TYPE_CHECKING:
+    from batchrun.mail.dkim import DkimSigner
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,7 @@ class SmtpMailer:
         pool_size: int = 4,
         local_hostname: str | None = None,
         tls_context: ssl.SSLContext | None = None,
+        dkim: DkimSigner | None = None,
     ) -> None:
         """Configure the pool; nothing connects until the first send.
 
@@ -64,6 +69,7 @@ class SmtpMailer:
             pool_size: most connections open at once.
             local_hostname: name sent in EHLO; default is this machine's FQDN.
             tls_context: custom TLS settings, e.g. a private CA.
+            dkim: signs each message before it is sent (for a relay that does not).
         """
         if pool_size < 1:
             raise ValueError("pool_size must be at least 1")
@@ -79,6 +85,7 @@ class SmtpMailer:
         self._start_tls = start_tls
         self._local_hostname = local_hostname
         self._tls_context = tls_context
+        self._dkim = dkim
         # Invariant: every open connection is either in _idle or held by exactly one task
         # inside _slots, and a new one is opened only when _idle is empty, so at most
         # pool_size connections are ever open.
@@ -114,6 +121,8 @@ class SmtpMailer:
         try:
             raw = message.to_bytes(utf8=utf8)
             recipient = message.envelope_to
+            if self._dkim is not None:
+                raw = self._dkim.sign(raw)
         except ValueError as exc:
             raise PermanentMailError(f"message cannot be built: {exc}") from exc
         async with self._slots:
