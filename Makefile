@@ -41,6 +41,11 @@ format: install
 clean:
 	rm -rf .demo dist build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
+.PHONY: email-picture
+
+email-picture: install  ## docs/birthday-email.png, the README's picture of the default email (needs chromium)
+	$(BIN)/python docs/email_picture.py
+
 .PHONY: bench bench-quick bench-migrate
 
 bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling, then bench-migrate (MariaDB on 127.0.0.1:3306)
