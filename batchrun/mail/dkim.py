@@ -50,13 +50,16 @@ MAX_KEY_FILE_BYTES = 64 * 1024
 class DkimSigner:
     """Adds a DKIM-Signature to a message's bytes; one per run, shared by every send."""
 
-    def __init__(self, key: bytes, selector: str, domain: str) -> None:
+    def __init__(self, key: bytes, selector: str, domain: str, *, openssl: bool = True) -> None:
         """Check the key can sign, by signing a probe message once.
 
         Args:
             key: a PEM RSA private key (PKCS#1 or PKCS#8, unencrypted).
             selector: the DNS selector (the TXT record is ``SELECTOR._domainkey.DOMAIN``).
             domain: the signing domain (``d=``), in IDNA.
+            openssl: do dkimpy's RSA step with OpenSSL (``cryptography``) when it is
+                installed: the same bytes (PKCS#1 v1.5 signatures are deterministic),
+                ~20x faster than dkimpy's pure-Python RSA (bench/dkim_cost.py).
 
         Raises:
             ValueError: the key is not a usable RSA private key (the message never holds
@@ -76,10 +79,12 @@ class DkimSigner:
             parsed = dkim.crypto.parse_pem_private_key(self._key)
         except (dkim.crypto.UnparsableKeyError, ValueError, IndexError, TypeError) as exc:
             raise ValueError(f"not a PEM RSA private key ({_first_line(exc)})") from None
+        self._parsed = parsed
         bits = int(parsed["modulus"]).bit_length()
         if bits < MIN_KEY_BITS:
             raise ValueError(f"a {bits}-bit RSA key is too short (at least {MIN_KEY_BITS})")
         self.key_bits = bits
+        self._openssl = _openssl_key(self._key) if openssl else None
         self.sign(_PROBE)  # any other failure of the key shows now, not at the first send
 
     def __repr__(self) -> str:
@@ -90,17 +95,43 @@ class DkimSigner:
 
         Raises ValueError for a message dkimpy cannot sign (it never holds the key).
         """
+        dkim = self._dkim
+        pure, parse = dkim.RSASSA_PKCS1_v1_5_sign, dkim.parse_pem_private_key
+        if self._openssl is not None:
+            # dkimpy has no hook for its RSA step, and parses the PEM key (in pure Python,
+            # ~1 ms) on every call: swap both functions it calls for the length of this
+            # (synchronous) call only.
+            dkim.RSASSA_PKCS1_v1_5_sign = self._openssl_sign
+            dkim.parse_pem_private_key = self._parsed_key
         try:
-            field: bytes = self._dkim.sign(
+            field: bytes = dkim.sign(
                 raw,
                 self._selector,
                 self._domain,
                 self._key,
                 include_headers=self._headers,
             )
-        except self._dkim.DKIMException as exc:
+        except dkim.DKIMException as exc:
             raise ValueError(f"DKIM signing failed: {_first_line(exc)}") from None
+        finally:
+            dkim.RSASSA_PKCS1_v1_5_sign, dkim.parse_pem_private_key = pure, parse
         return field + raw
+
+    def _parsed_key(self, _pem: bytes) -> Any:
+        """dkimpy's ``parse_pem_private_key``, answered once: the key never changes."""
+        return self._parsed
+
+    def _openssl_sign(self, digest: Any, _parsed_key: Any) -> bytes:
+        """dkimpy's ``RSASSA_PKCS1_v1_5_sign(hash, key)``, done by OpenSSL."""
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding, utils
+
+        assert self._openssl is not None
+        algorithm = hashes.SHA256() if digest.name == "sha256" else hashes.SHA1()  # noqa: S303
+        signature: bytes = self._openssl.sign(
+            digest.digest(), padding.PKCS1v15(), utils.Prehashed(algorithm)
+        )
+        return signature
 
 
 def signer_for(settings: Settings) -> DkimSigner | None:
@@ -139,6 +170,21 @@ def signer_for(settings: Settings) -> DkimSigner | None:
         ) from None
     except ValueError as exc:
         raise ConfigError(f"BATCHRUN_DKIM_KEY_FILE {path}: {exc}") from None
+
+
+def _openssl_key(pem: bytes) -> Any:
+    """The key as a ``cryptography`` RSA key, or None without cryptography (or for a key
+    it reads differently: dkimpy's own RSA then signs)."""
+    try:
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    except ImportError:
+        return None
+    try:
+        key = load_pem_private_key(pem, password=None)
+    except (ValueError, TypeError):
+        return None
+    return key if isinstance(key, rsa.RSAPrivateKey) else None
 
 
 def _first_line(exc: BaseException) -> str:
