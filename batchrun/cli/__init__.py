@@ -16,7 +16,7 @@ import sys
 import typer
 
 from batchrun.cli import db, jobs, queue, status, suppress
-from batchrun.cli.app import app
+from batchrun.cli.app import app, reflow_help
 
 try:  # typer 0.2x vendors click; older releases use click itself
     from typer._click import exceptions as click_exceptions
@@ -24,6 +24,8 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 __all__ = ["app", "db", "jobs", "main", "queue", "status", "suppress"]
+
+reflow_help(app)  # every command is registered by now: help reads as written
 
 
 # The global options that take a value, and the flags; `batchrun birthday --db URL` is

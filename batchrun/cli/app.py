@@ -9,6 +9,7 @@ unless -v. Exit codes: 0 done, 3 some entities queued for retry, 1 fatal, 2 usag
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -70,6 +71,31 @@ class Context:
             stop=stop,
             templates_dirs={name: entry.templates_dir for name, entry in registry.items()},
         )
+
+
+def reflow(text: str) -> str:
+    """A docstring as help: each paragraph one line, for rich to wrap at the terminal's width.
+
+    typer keeps a docstring's line breaks after its first paragraph, and rich then wraps
+    those lines again, breaking sentences mid-way. A paragraph starting with ``\\b`` (click's
+    marker for "keep these lines") is left as written.
+    """
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(
+        p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
+        for p in paragraphs
+    )
+
+
+def reflow_help(typer_app: typer.Typer) -> None:
+    """Reflow the help of every command registered on ``typer_app`` and its sub-apps."""
+    for command in typer_app.registered_commands:
+        text = command.help if command.help is not None else inspect.getdoc(command.callback)
+        if text:
+            command.help = reflow(text)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            reflow_help(group.typer_instance)
 
 
 def _print_version(value: bool) -> None:
