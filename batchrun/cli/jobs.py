@@ -12,7 +12,7 @@ import typer
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
 from batchrun.cli.app import Context, app, period_option, rate_option, run_command, stderr, stdout
-from batchrun.cli.output import progress_bar, table
+from batchrun.cli.output import ASKED, Month, progress_bar, table
 from batchrun.errors import UsageError
 from batchrun.period import Period
 from batchrun.period import parse as parse_period
@@ -170,14 +170,13 @@ def _run_job(
                 jobs=[entry.job],
             ) as backends:
                 runtime = context.runtime(backends, stop)
+                month: Month | None = None
                 with progress_bar(as_json, f"{name} {which}") as bar:
-                    if bar is not None:
-                        counts = await runtime.status(name, which, problems=0)
-                        pending = counts.get("pending")
-                        if pending is not None and options.limit is not None:
-                            pending = min(options.limit, pending)
-                        bar.set_total(pending)
-                        options.on_progress = bar.advance
+                    if not as_json:
+                        month = Month.of(await runtime.status(name, which, problems=0))
+                    if month is not None:
+                        bar.set_total(month.bar_total(options.limit), month.done_before)
+                    options.on_progress = bar.advance
                     summary = await runtime.run(which, options, job=name, dry_run=dry_run)
         finally:
             uninstall()
@@ -185,7 +184,11 @@ def _run_job(
         if as_json:
             print(json.dumps(data))
         else:
-            table(f"{name} {which}" + (" (dry run)" if dry_run else ""), data)
+            title = f"{name} {which}" + (" (dry run)" if dry_run else "")
+            table(title, data, always=ASKED | set(summary.counters))
+            cut_short = summary.stopped is not None or options.limit is not None
+            if month is not None and cut_short and not dry_run and month.left(bar.worked):
+                stderr.print(month.say(bar.worked), highlight=False, soft_wrap=True)
             if summary.exit_code == 3:
                 stderr.print("some entities wait in the retry queue: run `batchrun retry` later")
         if summary.lost_claims:
@@ -222,7 +225,7 @@ async def _fan_out(
     if as_json:
         print(json.dumps(result.to_json()))
     else:
-        table(f"{name} {which} fan-out to {queue.url}", result.to_json())
+        table(f"{name} {which} fan-out to {queue.url}", result.to_json(), always=ASKED)
     return 0
 
 

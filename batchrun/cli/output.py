@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from rich.progress import (
@@ -25,6 +26,12 @@ from batchrun.cli.app import stderr, stdout
 
 STATE_NAMES = {0: "pending", 1: "sent", 2: "skipped", 3: "retrying", 4: "failed"}
 _HIDDEN = ("job", "month", "period", "dry_run")
+# The rows a run's summary always shows; the others (not_queued, lost_claims, continuation,
+# throttles ...) only when they are not 0 / False. --json keeps every key.
+ASKED = frozenset(
+    {"eligible", "succeeded", "skipped", "failed", "emails_sent", "processed", "remaining"}
+    | {"shards", "users", "duration_s"}
+)
 
 
 class _RateColumn(ProgressColumn):
@@ -36,23 +43,67 @@ class _RateColumn(ProgressColumn):
 
 
 class Bar:
-    def __init__(self, progress: Progress, task_id: Any) -> None:
+    """Counts the entities a run worked on, and shows them on a progress bar if there is one."""
+
+    def __init__(self, progress: Progress | None, task_id: Any = None) -> None:
         self._progress = progress
         self._task = task_id
+        self.worked = 0  # entities done, skipped or failed in this run
 
-    def set_total(self, total: int | None) -> None:
-        self._progress.update(self._task, total=total)
+    def set_total(self, total: int | None, completed: int = 0) -> None:
+        """The bar's total and where it starts (entities done by earlier runs)."""
+        if self._progress is not None:
+            self._progress.update(self._task, total=total, completed=completed)
 
     def advance(self, event: engine.Progress) -> None:
         if event.kind != "total":
-            self._progress.advance(self._task, event.count)
+            self.worked += event.count
+            if self._progress is not None:
+                self._progress.advance(self._task, event.count)
+
+
+@dataclass(frozen=True)
+class Month:
+    """How much of a job's period is done, from ``status`` before a run: the bar's total."""
+
+    done_before: int  # done, skipped or failed for good by earlier runs
+    pending: int  # still to do: never touched, claimed or retrying
+
+    @classmethod
+    def of(cls, counts: dict[str, Any]) -> Month | None:
+        """None when the job's status does not count what is pending."""
+        pending = counts.get("pending")
+        if not isinstance(pending, int):
+            return None
+        done = sum(int(counts.get(k) or 0) for k in ("succeeded", "skipped", "failed_permanent"))
+        return cls(done, pending)
+
+    @property
+    def total(self) -> int:
+        """Every eligible entity of the period."""
+        return self.done_before + self.pending
+
+    def bar_total(self, limit: int | None) -> int:
+        return self.done_before + (self.pending if limit is None else min(limit, self.pending))
+
+    def left(self, worked: int) -> int:
+        """Entities of the period still to do after this run worked on ``worked``."""
+        return max(0, self.total - self.done_before - worked)
+
+    def say(self, worked: int) -> str:
+        """The line after a run that stopped (or hit --limit) with some of the period to do."""
+        earlier = f", {self.done_before} by earlier runs" if self.done_before else ""
+        return (
+            f"done {self.done_before + worked} of {self.total} eligible ({worked} in this "
+            f"run{earlier}); {self.left(worked)} still to do: the same command goes on"
+        )
 
 
 @contextlib.contextmanager
-def progress_bar(quiet: bool, title: str) -> Iterator[Bar | None]:
-    """A progress bar on stderr when it is a terminal; None otherwise."""
+def progress_bar(quiet: bool, title: str) -> Iterator[Bar]:
+    """A progress bar on stderr when it is a terminal (a counter alone otherwise)."""
     if quiet or not stderr.is_terminal:
-        yield None
+        yield Bar(None)
         return
     progress = Progress(
         TextColumn("[bold]{task.description}"),
@@ -60,9 +111,9 @@ def progress_bar(quiet: bool, title: str) -> Iterator[Bar | None]:
         MofNCompleteColumn(),
         TaskProgressColumn(),
         _RateColumn(),
-        TextColumn("elapsed"),
+        TextColumn("elapsed", style="dim"),
         TimeElapsedColumn(),
-        TextColumn("left"),
+        TextColumn("remaining", style="dim"),
         TimeRemainingColumn(),
         console=stderr,
         transient=True,
@@ -71,13 +122,23 @@ def progress_bar(quiet: bool, title: str) -> Iterator[Bar | None]:
         yield Bar(progress, progress.add_task(title, total=None))
 
 
-def table(title: str, data: dict[str, Any]) -> None:
-    """A two-column summary table of ``data`` (None values and the run's names left out)."""
-    out = Table(title=title, show_header=False)
+def shown(data: dict[str, Any], always: Collection[str] | None) -> dict[str, Any]:
+    """The rows a table shows: not the run's names, not None; with ``always`` given, a 0 or
+    False only for the keys in it."""
+    return {
+        key: value
+        for key, value in data.items()
+        if key not in _HIDDEN
+        and value is not None
+        and (always is None or key in always or value not in (0, False))
+    }
+
+
+def table(title: str, data: dict[str, Any], always: Collection[str] | None = None) -> None:
+    """A two-column table of ``data`` (see ``shown``: pass ``always`` to hide zero rows)."""
+    out = Table(title=title, show_header=False, min_width=len(title) + 2)  # a title on one line
     out.add_column("", style="bold")
     out.add_column("", justify="right")
-    for key, value in data.items():
-        if key in _HIDDEN or value is None:
-            continue
+    for key, value in shown(data, always).items():
         out.add_row(key.replace("_", " "), str(value))
     stdout.print(out)

@@ -11,7 +11,7 @@ import typer
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
 from batchrun.cli.app import Context, app, rate_option, run_command, stderr
-from batchrun.cli.output import table
+from batchrun.cli.output import ASKED, table
 from batchrun.runtime import Options
 
 
@@ -99,7 +99,7 @@ def worker(
         if as_json:
             print(json.dumps(result.to_json()))
         else:
-            table("worker", result.to_json())
+            table("worker", result.to_json(), always=ASKED)
         _say_lost(result.lost_claims)
         return 0
 
@@ -149,7 +149,7 @@ def retry(
         if as_json:
             print(json.dumps(result.to_json()))
         else:
-            table("retry", result.to_json())
+            table("retry", result.to_json(), always=ASKED)
         _say_lost(result.lost_claims)
         if stop.stopping:
             stderr.print(
