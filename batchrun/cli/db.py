@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
 from batchrun.backends import open_backends
+from batchrun.cli import explain
 from batchrun.cli.app import Context, db_app, period_option, run_command, stderr, stdout
 from batchrun.db import ddl
 from batchrun.db.sqlite import sqlite_path
@@ -87,7 +89,9 @@ def db_migrate(
         for line in notes:
             stderr.print(f"note: {line}", highlight=False, soft_wrap=True)
         if applied:
-            stderr.print(f"migrated {store.db.url}: {', '.join(applied)}", highlight=False)
+            stderr.print(
+                f"migrated {store.db.url}: {', '.join(applied)}", highlight=False, soft_wrap=True
+            )
         else:
             stderr.print(f"{store.db.url} is up to date", highlight=False)
         return 0
@@ -137,18 +141,29 @@ def db_seed(
 def db_explain(
     ctx: typer.Context,
     month: Annotated[str | None, typer.Option("--month", help="YYYY-MM")] = None,
+    plan: Annotated[
+        bool, typer.Option("--plan", metavar="", help="Also print the plan rows, labelled.")
+    ] = False,
 ) -> None:
-    """Show the birthday page query's plan, to check it uses idx_user_birth_month_status_id."""
+    """Check the birthday page query's plan: one line saying which index it uses and how many
+    rows a page of 500 examines (ok: idx_user_birth_month_status_id, in id order).
+    """
     context: Context = ctx.obj
     which = period_option("month", month, "--month")
 
     async def go() -> int:
         async with open_backends(context.settings) as backends:
-            rows = await demo.explain(backends.store.jobdb, which)
-        for row in rows:
-            stdout.print(
-                " | ".join("" if v is None else str(v) for v in row.values()), highlight=False
-            )
+            db = backends.store.jobdb
+            rows = await demo.explain(db, which)
+        line = explain.verdict(db.dialect, rows)
+        stdout.print(line, highlight=False, soft_wrap=True)
+        for number, row in enumerate(rows if plan else [], 1):
+            out = Table(title=f"plan row {number} ({db.dialect})", show_header=False)
+            out.add_column("", style="bold")
+            out.add_column("")
+            for name, value in row.items():
+                out.add_row(str(name), "" if value is None else str(value))
+            stdout.print(out)
         return 0
 
     run_command(ctx, go)

@@ -1,0 +1,72 @@
+"""``db explain``'s verdict: which index the birthday page query uses, rows read per page.
+
+The plan rows are the database's own (SQLite's EXPLAIN QUERY PLAN, MySQL/MariaDB's EXPLAIN);
+``verdict`` turns them into one line a person can act on.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+INDEX = "idx_user_birth_month_status_id"
+PAGE_SIZE = 500  # the LIMIT the plan is asked for: the default --page-size
+_SQLITE = re.compile(
+    r"^(?P<op>SEARCH|SCAN) (?:TABLE )?(?P<table>\S+)"
+    r"(?: USING (?:COVERING )?(?:INDEX (?P<index>\S+)|(?P<pk>INTEGER PRIMARY KEY)))?"
+    r"(?: \((?P<terms>.*)\))?"
+)
+
+
+def verdict(dialect: str, plan: Sequence[dict[str, Any]], page_size: int = PAGE_SIZE) -> str:
+    """One line: the index the page query uses and how many rows a page examines."""
+    if dialect == "sqlite":
+        return _sqlite(plan, page_size)
+    return _mysql(plan, page_size)
+
+
+def good(line: str) -> bool:
+    """Whether a verdict says the page query uses the index as meant."""
+    return line.startswith("ok:")
+
+
+def _sqlite(plan: Sequence[dict[str, Any]], page_size: int) -> str:
+    details = [str(row.get("detail", "")) for row in plan]
+    sorts = any("TEMP B-TREE" in d for d in details)
+    found = next((m for d in details if (m := _SQLITE.match(d)) and m["table"] == "user"), None)
+    if found is None:
+        return f"unknown: no step of the plan reads the user table ({'; '.join(details)})"
+    if found["index"] == INDEX and not sorts:
+        return (
+            f"ok: the page query uses {INDEX} ({found['terms']}), in id order with no sort: "
+            f"at most {page_size} rows examined per page of {page_size}"
+        )
+    how = f"index {found['index']}" if found["index"] else found["pk"] or "no index"
+    return _bad(how, sorts, "the whole month's users (or the whole table)")
+
+
+def _mysql(plan: Sequence[dict[str, Any]], page_size: int) -> str:
+    row = next((r for r in plan if r.get("table") == "user"), None)
+    if row is None:
+        return "unknown: no step of the plan reads the user table"
+    key = row.get("key")
+    estimate = int(row.get("rows") or 0)
+    extra = str(row.get("Extra") or "")
+    sorts = "filesort" in extra or "temporary" in extra
+    if key == INDEX and not sorts:
+        return (
+            f"ok: the page query uses {INDEX} ({row.get('type')} on birth_month, status, id), "
+            f"in id order with no sort: at most {min(page_size, estimate)} rows examined per "
+            f"page of {page_size} (the month's range: about {estimate} rows)"
+        )
+    how = f"index {key}" if key else f"no index ({row.get('type')})"
+    return _bad(how, sorts, f"about {estimate} rows")
+
+
+def _bad(how: str, sorts: bool, rows: str) -> str:
+    sort = ", then sorts them" if sorts else ""
+    return (
+        f"slow: the page query uses {how}, not {INDEX}: each page examines {rows}{sort}; "
+        "run `batchrun db migrate` to create the index"
+    )
