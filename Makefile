@@ -7,23 +7,38 @@ USERS ?= 20000
 
 .PHONY: install demo test lint format clean
 
-$(BIN)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+# Two steps: batchrun and its runtime dependencies (all `make demo` needs), then the dev
+# tools (moto, cfn-lint, mypy, ruff, pytest ...) for `make install` / `make test`.
+$(BIN)/.runtime: pyproject.toml
+	@echo "==> installing batchrun and its runtime dependencies into $(VENV) (make install adds the dev tools)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e .
+	@touch $@
+
+$(BIN)/.installed: $(BIN)/.runtime
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
 install: $(BIN)/.installed  ## a virtualenv with batchrun and its dev tools
 
-demo: install  ## the birthday job on the embedded default: SQLite, file outbox, local retry queue
-	rm -rf .demo && mkdir -p .demo
-	cd .demo && ../$(BIN)/batchrun db migrate
-	cd .demo && ../$(BIN)/batchrun db seed --users $(USERS)
-	cd .demo && ../$(BIN)/batchrun birthday --month $(MONTH) --dry-run
-	cd .demo && ../$(BIN)/batchrun birthday --month $(MONTH)
-	cd .demo && ../$(BIN)/batchrun birthday --month $(MONTH)
-	cd .demo && ../$(BIN)/batchrun status --month $(MONTH)
-	@echo "emails written to .demo/outbox: $$(ls .demo/outbox | wc -l)"
+DEMO := cd .demo && ../$(BIN)/batchrun
+
+demo: $(BIN)/.runtime  ## the birthday job on the embedded default: SQLite, file outbox, local retry queue
+	@rm -rf .demo && mkdir -p .demo
+	@echo "==> 1/6 a new SQLite database, .demo/batchrun.db: create the schema (db migrate)"
+	@$(DEMO) db migrate
+	@echo "==> 2/6 add $(USERS) demo users, a few inactive or with a bad address (db seed)"
+	@$(DEMO) db seed --users $(USERS)
+	@echo "==> 3/6 what the $(MONTH) birthday run would do; writes and sends nothing (--dry-run)"
+	@$(DEMO) birthday --month $(MONTH) --dry-run
+	@echo "==> 4/6 the run: one gift card and one email to each user born in $(MONTH)"
+	@$(DEMO) birthday --month $(MONTH)
+	@echo "==> 5/6 the same run again: everyone is done, so nothing new happens"
+	@$(DEMO) birthday --month $(MONTH)
+	@echo "==> 6/6 where the month stands (status)"
+	@$(DEMO) status --month $(MONTH)
+	@echo "==> done: $$(ls .demo/outbox | wc -l) emails written to .demo/outbox; make test runs the tests"
 
 test: install  ## the test suite (MySQL tests need MariaDB on 127.0.0.1:3306, or BATCHRUN_TEST_MYSQL_URL)
 	$(BIN)/python -m pytest
