@@ -13,13 +13,18 @@ CPython ``--python`` on manylinux up to glibc 2.34 (Amazon Linux 2023, the pytho
 runtime). A dependency published only as an sdist is pure Python in practice: name it with
 ``--build-pure NAME`` and it is built here into a local wheelhouse pip may use.
 
-Then: console scripts (``bin/``) and ``__pycache__`` go, ``direct_url.json`` goes (it holds
-this machine's temporary path), the rest of each ``*.dist-info`` stays (importlib.metadata
-reads it). When an interpreter of the target version is at hand (this one for ``local``,
-else ``--compile-with`` or ``pythonX.Y`` on PATH), every module is compiled to an
-unchecked-hash ``.pyc``: ``/var/task`` is read-only, so without them every cold start
-compiles each imported module from source again. The zip is deterministic: sorted entries,
-fixed timestamps and modes, so the same inputs give the same bytes.
+Then what the handler never imports goes: the command line's dependencies (typer, rich,
+pydantic and theirs: ``LEFT_OUT``), boto3's S3 transfer manager and resource models, stray
+top-level ``docs/`` and ``examples/`` folders some wheels ship, and every botocore service
+model but the ones batchrun calls (``BOTOCORE_SERVICES``: 25 MB of 28). boto3 itself stays:
+aioboto3 imports it, and the runtime's own boto3 is built for an older botocore than the one
+aiobotocore pins. Console scripts (``bin/``) and ``__pycache__`` go, ``direct_url.json`` goes
+(it holds this machine's temporary path), the rest of each kept ``*.dist-info`` stays
+(importlib.metadata reads it). When an interpreter of the target version is at hand (this
+one for ``local``, else ``--compile-with`` or ``pythonX.Y`` on PATH), every module is
+compiled to an unchecked-hash ``.pyc``: ``/var/task`` is read-only, so without them every
+cold start compiles each imported module from source again. The zip is deterministic:
+sorted entries, fixed timestamps and modes, so the same inputs give the same bytes.
 
 pip's usual variables apply (``PIP_INDEX_URL``, ``PIP_FIND_LINKS``, ``PIP_NO_INDEX`` ...).
 """
@@ -44,6 +49,29 @@ GLIBC_MIN = 17
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "setup.py", "setup.cfg")
 LAMBDA_TASK_ROOT = "/var/task"
+# Distributions pip resolves for batchrun[aws] that the handler never imports: the CLI's
+# (typer, rich) and what they pull in, and boto3's S3 transfer manager.
+LEFT_OUT = (
+    "typer",
+    "click",
+    "rich",
+    "pygments",
+    "markdown-it-py",
+    "mdurl",
+    "shellingham",
+    "colorama",
+    "pydantic",
+    "pydantic-core",
+    "typing-inspection",
+    "annotated-types",
+    "annotated-doc",
+    "s3transfer",
+)
+# The AWS services batchrun calls (SES v2 and v1 for the quota, SQS, Secrets Manager; STS
+# for web-identity credentials); botocore's other service models are left out.
+BOTOCORE_SERVICES = ("ses", "sesv2", "sqs", "secretsmanager", "sts")
+# Top-level folders some wheels install by mistake (aiomysql: docs/, examples/).
+STRAY_TOP = ("docs", "examples", "tests")
 
 
 def platform_args(arch: str, python: str) -> list[str]:
@@ -130,8 +158,61 @@ def install(
     _run(cmd, quiet=quiet)
 
 
+def _normal(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def _record_paths(info: Path) -> list[Path]:
+    """The files a ``*.dist-info`` says its distribution installed (itself included)."""
+    record = info / "RECORD"
+    if not record.exists():
+        return []
+    paths = []
+    for line in record.read_text().splitlines():
+        name = line.rsplit(",", 2)[0]
+        if name and not name.startswith(".."):
+            paths.append(info.parent / name)
+    return paths
+
+
+def leave_out(target: Path, names: Sequence[str] = LEFT_OUT) -> list[str]:
+    """Remove the distributions ``names`` (files, then emptied folders); returns those found."""
+    wanted = {_normal(n) for n in names}
+    removed = []
+    for info in sorted(target.glob("*.dist-info")):
+        dist = _normal(info.name.removesuffix(".dist-info").rsplit("-", 1)[0])
+        if dist not in wanted:
+            continue
+        folders: set[Path] = set()
+        for path in _record_paths(info):
+            if path.is_file():
+                path.unlink()
+            folders.update(p for p in path.parents if target in p.parents)
+        for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        shutil.rmtree(info, ignore_errors=True)
+        removed.append(dist)
+    return removed
+
+
+def slim_aws(target: Path) -> None:
+    """Keep botocore's models of the services batchrun calls; drop boto3's resource models."""
+    data = target / "botocore" / "data"
+    if data.is_dir():
+        for entry in data.iterdir():
+            if entry.is_dir() and entry.name not in BOTOCORE_SERVICES:
+                shutil.rmtree(entry)
+    shutil.rmtree(target / "boto3" / "data", ignore_errors=True)
+    shutil.rmtree(target / "boto3" / "examples", ignore_errors=True)
+
+
 def prune(target: Path) -> None:
     """Drop what Lambda never uses or what ties the build to this machine."""
+    leave_out(target)
+    slim_aws(target)
+    for name in STRAY_TOP:
+        shutil.rmtree(target / name, ignore_errors=True)
     shutil.rmtree(target / "bin", ignore_errors=True)
     for cache in sorted(target.rglob("__pycache__"), reverse=True):
         shutil.rmtree(cache)

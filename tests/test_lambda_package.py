@@ -44,6 +44,9 @@ STAR_ACTIONS = {
     "ec2:AssignPrivateIpAddresses",
     "ec2:UnassignPrivateIpAddresses",
 }
+# The Lambda zip's bound (deploy/README.md), and what it must not carry.
+MAX_ZIP_BYTES = 15_000_000
+NOT_IN_ZIP = ("typer", "rich", "click", "pydantic", "pydantic_core", "pygments", "s3transfer")
 CFN_LINT = "import sys; from cfnlint.runner import main; sys.exit(main())"
 
 # Run inside the unzipped package: invoke the handler, then import every backend, and
@@ -221,8 +224,8 @@ def test_importing_the_handler_imports_no_backend(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def lambda_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A zip built for this interpreter, unzipped into an empty folder (like /var/task)."""
+def lambda_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A zip built for this interpreter."""
     out = tmp_path_factory.mktemp("zip") / "batchrun-lambda.zip"
     build = subprocess.run(
         [sys.executable, str(BUILD), "--arch", "local", "--out", str(out), "-q"],
@@ -233,15 +236,63 @@ def lambda_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=ROOT,
     )
     assert build.returncode == 0, build.stdout + build.stderr
+    return out
+
+
+@pytest.fixture(scope="module")
+def lambda_root(lambda_zip: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The zip unzipped into an empty folder (like /var/task)."""
     root = tmp_path_factory.mktemp("task")
     assert not any(root.iterdir())
-    with zipfile.ZipFile(out) as archive:
+    with zipfile.ZipFile(lambda_zip) as archive:
         names = archive.namelist()
         assert "batchrun/aws_lambda.py" in names
         assert any(n.startswith("batchrun/sql/") and n.endswith(".sql") for n in names)
         assert not any(n.startswith("bin/") or n.endswith("direct_url.json") for n in names)
         archive.extractall(root)
     return root
+
+
+def test_zip_is_at_most_15_mb_and_leaves_the_cli_out(lambda_zip: Path) -> None:
+    """What the handler never imports stays out: typer, rich, pydantic, unused AWS models."""
+    assert lambda_zip.stat().st_size <= MAX_ZIP_BYTES, f"{lambda_zip.stat().st_size:,} bytes"
+    with zipfile.ZipFile(lambda_zip) as archive:
+        names = archive.namelist()
+    tops = {name.split("/", 1)[0] for name in names}
+    dists = {top.rsplit("-", 1)[0].lower() for top in tops if top.endswith(".dist-info")}
+    assert not dists & set(NOT_IN_ZIP), sorted(dists & set(NOT_IN_ZIP))
+    assert not tops & {*NOT_IN_ZIP, "docs", "examples"}, sorted(tops)
+    assert {"aioboto3", "aiobotocore", "botocore", "aiohttp", "aiomysql", "jinja2"} <= tops
+    services = {
+        n.split("/")[2] for n in names if n.startswith("botocore/data/") and n.count("/") > 3
+    }
+    assert services == {"ses", "sesv2", "sqs", "secretsmanager", "sts"}
+
+
+def test_handler_imports_from_the_unpacked_zip_alone(lambda_root: Path) -> None:
+    """No site-packages: the handler, every backend and its SDK import from the zip."""
+    code = (
+        "import importlib, json, sys, batchrun.aws_lambda\n"
+        "for name in ('batchrun.mail.ses', 'batchrun.mail.smtp', 'batchrun.queue.sqs',\n"
+        "             'batchrun.db.mysql', 'batchrun.db.sqlite', 'batchrun.secrets'):\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps([getattr(m, '__file__', None) or '' for m in sys.modules.values()]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-s", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=lambda_root,
+        env={"PYTHONPATH": str(lambda_root), "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8"},
+    )
+    assert done.returncode == 0, done.stderr
+    files = [f for f in json.loads(done.stdout) if f]
+    stdlib = os.path.dirname(os.__file__)
+    outside = [f for f in files if not f.startswith((str(lambda_root), stdlib))]
+    assert not outside, outside[:5]
+    assert any(f.startswith(str(lambda_root / "botocore")) for f in files)
 
 
 def prepare_db(tmp_path: Path, users: int = 500) -> str:
