@@ -199,8 +199,8 @@ def _run_job(
             )
         if stop.stopping and summary.stopped and not summary.stopped.startswith("mail"):
             stderr.print(
-                f"stopped ({summary.stopped}); {summary.left_pending} entities left "
-                "pending for the next run",
+                f"stopped ({summary.stopped}); {summary.left_pending} claimed entities not "
+                "started are left pending for the next run",
                 highlight=False,
             )
             return 130
