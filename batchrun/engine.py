@@ -279,6 +279,12 @@ class Runner(Generic[T]):
         else:
             return
         for _ in range(self._concurrency):
+            if state.halted:
+                # A stop came while the last fetch ran: _halt has already queued one
+                # sentinel per live worker, and a busy worker leaves its own unread, so
+                # the queue may stay full for good; waiting to put more would hold the
+                # run for the whole grace with nothing in flight.
+                return
             await queue.put(_END)
 
     async def _work(

@@ -623,3 +623,30 @@ async def test_progress_is_forwarded(make_runner: Callable[..., Runner[int]]) ->
     assert events[0] == Progress("total", 4)
     assert sorted(e.kind for e in events[1:]) == ["done", "done", "skipped", "skipped"]
     make_runner().progress("done")  # no callback: nothing to do
+
+
+async def test_a_stop_during_the_last_fetch_ends_the_run_at_once() -> None:
+    # The source's last fetch (the one that finds no more items) is still running when the
+    # work requests a stop: the runner must not then wait to queue its end sentinels into
+    # a queue the halted workers no longer read, for the whole grace with nothing in flight.
+    stop = StopToken()
+    last_fetch = asyncio.Event()
+    runner: Runner[int] = Runner(concurrency=2, stop=stop, grace_s=30.0)
+
+    async def source() -> AsyncIterator[int]:
+        for item in (1, 2):
+            yield item
+        await last_fetch.wait()
+
+    async def work(item: int) -> None:
+        if item == 1:
+            await asyncio.sleep(0.2)  # in flight through the stop: it leaves its sentinel
+        else:
+            stop.request("mail backend unreachable")
+            # the fetch ends once the runner has halted, and finds no more items
+            asyncio.get_running_loop().call_later(0.05, last_fetch.set)
+
+    started = time.monotonic()
+    result = await asyncio.wait_for(runner.run(source(), work), timeout=20)
+    assert time.monotonic() - started < 5, "waited for the grace with nothing in flight"
+    assert result.finished == 2 and not result.cancelled and not result.not_started
