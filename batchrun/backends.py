@@ -65,7 +65,11 @@ async def open_queue(
         env=settings.extra,
         concurrency=concurrency,
     )
-    await queue.open()
+    try:
+        await queue.open()
+    except BaseException:
+        await queue.close()  # a client made before the queue was found missing
+        raise
     return queue
 
 

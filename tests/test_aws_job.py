@@ -283,7 +283,8 @@ async def test_sqs_down_mid_run_loses_no_failure(
         smtp_server.set_policy(lambda rcpt, _n: "451 4.3.0 later" if rcpt in failing else None)
         queue_url = await make_queues(env)
         job: Runtime = await make_aws_job(env, mail_url=smtp_server.url, queue_url=queue_url)
-        await asyncio.to_thread(server.stop)  # the queue is gone after the run started
+        await job.preflight()  # the run starts with the queue there ...
+        await asyncio.to_thread(server.stop)  # ... and it is gone after
         summary = await job.run(JUNE, Options(concurrency=10))
         assert summary.not_queued == len(failing) and summary.queued_for_retry == 0
         assert summary.exit_code == 3

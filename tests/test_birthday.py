@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -36,14 +35,6 @@ def valid_eligible(db_url: str, month: int = 6) -> set[int]:
     rows = query(db_url, "SELECT id, email FROM user WHERE birth_month = %s", month)
     good = {int(r[0]) for r in rows if r[1] is not None and valid_address(r[1])}
     return ids & good
-
-
-def closed_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = int(sock.getsockname()[1])
-    sock.close()
-    return port
 
 
 async def test_month_completes_once_and_a_rerun_does_nothing(
@@ -248,10 +239,12 @@ async def test_mail_server_down_trips_the_breaker_and_loses_nothing(
 ) -> None:
     await seed_users(store, 3000, seed=13)
     want = valid_eligible(db_url)
-    down: Runtime = await make_job(
-        db_url, mail_url=f"smtp://127.0.0.1:{closed_port()}", breaker_threshold=3
-    )
+    # The server takes the run's preflight session, then closes the channel (421) on every
+    # message: down after the run started (a server down before it is found by preflight).
+    smtp_server.set_policy(lambda _rcpt, _n: "421 4.3.2 Service shutting down")
+    down: Runtime = await make_job(db_url, mail_url=smtp_server.url, breaker_threshold=3)
     summary = await down.run(JUNE, Options(concurrency=8, page_size=50))
+    smtp_server.set_policy(None)
     assert summary.exit_code == 3
     assert summary.emails_sent == 0
     assert summary.eligible < len(want), "the breaker should stop paging"

@@ -14,13 +14,12 @@ import hashlib
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +60,13 @@ def cli_env(db_url: str, mail_url: str, **extra: str) -> dict[str, str]:
     }
 
 
-def dead_mail_url() -> str:
-    """An SMTP URL on a loopback port nobody listens on: every connect is refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"smtp://127.0.0.1:{port}"
+@pytest.fixture(scope="module")
+def dead_mail() -> Iterator[str]:
+    """An SMTP URL whose server takes a session (the run's preflight checks that) and
+    closes the channel (421) on every message: a mail backend that is down for sending.
+    (A port nobody listens on is found by the preflight: exit 1 before any effect.)"""
+    with SmtpTestServer(policy=lambda _rcpt, _n: UNAVAILABLE) as server:
+        yield server.url
 
 
 def spawn(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
@@ -183,13 +183,13 @@ def put_on_queue(db_url: str, body: str) -> None:
 
 
 def test_two_limited_runs_against_a_dead_mailer_then_one_retry(
-    db_url: str, smtp_server: SmtpTestServer
+    db_url: str, smtp_server: SmtpTestServer, dead_mail: str
 ) -> None:
     migrate_and_seed(db_url, 3000, seed=41)
     selected = month_users(db_url)
     assert len(selected) > LIMIT + 50, "the month must be clearly bigger than the limit"
     first = set(selected[:LIMIT])
-    dead = cli_env(db_url, dead_mail_url())
+    dead = cli_env(db_url, dead_mail)
     # Pages of 50: the breaker opens inside the first page, so the rest of the limit is
     # what a continuation (or the runs themselves) must account for.
     run = ("birthday", "--month", MONTH, "--limit", str(LIMIT), "--page-size", "50")
@@ -229,14 +229,14 @@ def test_two_limited_runs_against_a_dead_mailer_then_one_retry(
 
 
 def test_a_limited_continuation_stopped_by_a_dead_mailer_takes_one_share(
-    db_url: str, smtp_server: SmtpTestServer
+    db_url: str, smtp_server: SmtpTestServer, dead_mail: str
 ) -> None:
     migrate_and_seed(db_url, 1000, seed=48)
     selected = month_users(db_url)
     share = set(selected[:30])
     body = QueueMessage("continuation", "birthday", MONTH, after_id=0, limit=30).to_json()
     put_on_queue(db_url, body)
-    cli_json("retry", env=cli_env(db_url, dead_mail_url()), code=3)
+    cli_json("retry", env=cli_env(db_url, dead_mail), code=3)
     waiting = in_state(db_url, State.RETRYING)
     assert waiting | in_state(db_url, State.SKIPPED) == set(ledger(db_url)) == share
     assert waiting_messages(db_url) == Counter({("retry", uid): 1 for uid in waiting}), (
@@ -249,9 +249,9 @@ def test_a_limited_continuation_stopped_by_a_dead_mailer_takes_one_share(
     assert set(ledger(db_url)) == share, "nobody beyond the continuation's limit"
 
 
-def test_max_receives_one_dead_letters_each_user_once(db_url: str) -> None:
+def test_max_receives_one_dead_letters_each_user_once(db_url: str, dead_mail: str) -> None:
     migrate_and_seed(db_url, 600, seed=42)
-    dead = cli_env(db_url, dead_mail_url(), BATCHRUN_MAX_RECEIVES="1")
+    dead = cli_env(db_url, dead_mail, BATCHRUN_MAX_RECEIVES="1")
     run = ("birthday", "--month", MONTH, "--limit", "5")
     for _ in (1, 2):
         cli_json(*run, env=dead, code=3)
@@ -266,11 +266,11 @@ def test_max_receives_one_dead_letters_each_user_once(db_url: str) -> None:
 
 
 def test_a_rerun_that_sends_leaves_retry_nothing_to_do(
-    db_url: str, smtp_server: SmtpTestServer
+    db_url: str, smtp_server: SmtpTestServer, dead_mail: str
 ) -> None:
     migrate_and_seed(db_url, 600, seed=43)
     run = ("birthday", "--month", MONTH, "--limit", "20")
-    cli_json(*run, env=cli_env(db_url, dead_mail_url()), code=3)
+    cli_json(*run, env=cli_env(db_url, dead_mail), code=3)
     waiting = in_state(db_url, State.RETRYING)
     assert waiting
     working = cli_env(db_url, smtp_server.url)
@@ -331,11 +331,11 @@ def test_worker_keeps_running_through_a_mail_outage_and_sends_after_it(
 
 
 def test_retry_stopped_by_sigint_exits_130_with_one_line(
-    sqlite_url: str, smtp_server: SmtpTestServer
+    sqlite_url: str, smtp_server: SmtpTestServer, dead_mail: str
 ) -> None:
     db_url = sqlite_url  # the signal is the command's: one database is enough
     migrate_and_seed(db_url, 600, seed=45)
-    dead = cli_env(db_url, dead_mail_url())
+    dead = cli_env(db_url, dead_mail)
     cli_json("birthday", "--month", MONTH, "--limit", "30", env=dead, code=3)
     waiting = in_state(db_url, State.RETRYING)
     assert len(waiting) > 10

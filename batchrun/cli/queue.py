@@ -57,8 +57,9 @@ def worker(
     """Consume the queue until SIGTERM: shards, retries, submitted tasks and continuations.
 
     For ECS, EC2 or any host; the SQS-triggered Lambda runs the same processing. A mail
-    outage does not stop it: it backs off and polls on. SIGTERM finishes the entities in
-    flight and hands the rest of a shard on.
+    outage does not stop it: it backs off and polls on (a mailer or queue unusable when
+    it starts is exit 1, one line). SIGTERM finishes the entities in flight and hands the
+    rest of a shard on.
     """
     context: Context = ctx.obj
     settings = context.settings

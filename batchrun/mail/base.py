@@ -48,6 +48,11 @@ class Mailer(Protocol):
 
     async def send(self, message: Message) -> None: ...
 
+    async def check(self) -> None:
+        """Make sure messages can be sent now, sending none; raise MailConnectionError with
+        the cause (``cannot connect to smtp://host:25: Connection refused``)."""
+        ...
+
     async def close(self) -> None: ...
 
 

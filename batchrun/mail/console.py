@@ -24,6 +24,9 @@ class ConsoleMailer:
         stream.flush()
         self.sent += 1
 
+    async def check(self) -> None:
+        """Nothing to check: stderr is always there."""
+
     async def close(self) -> None:
         """Nothing to release; the stream belongs to the caller."""
 
@@ -38,6 +41,9 @@ class DiscardMailer:
     async def send(self, message: Message) -> None:
         """Count ``message`` and forget it."""
         self.sent += 1
+
+    async def check(self) -> None:
+        """Nothing to check."""
 
     async def close(self) -> None:
         """Nothing to release."""

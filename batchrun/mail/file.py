@@ -96,6 +96,22 @@ class FileMailer:
         self.sent += 1
         log.debug("wrote %s", path)
 
+    async def check(self) -> None:
+        """Make sure messages can be written: the directory exists (or is created, as the
+        first send would) and a file can be created in it and removed. The preflight of a
+        run; nothing is left behind but the directory.
+
+        Raises:
+            MailConnectionError: it is not a directory, or cannot be created or written
+                (``cannot write to outbox: Not a directory``).
+        """
+        try:
+            await asyncio.to_thread(self._probe)
+        except OSError as exc:
+            raise MailConnectionError(
+                f"cannot write to {self.directory}: {exc.strerror or exc}"
+            ) from exc
+
     async def close(self) -> None:
         """Nothing to release: every file is closed once written."""
 
@@ -115,6 +131,14 @@ class FileMailer:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+    def _probe(self) -> None:
+        """Create the directory if need be, then a temp file in it, and remove the file."""
+        if not self._ready:
+            self._make_directory()
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".probe-", suffix=".tmp")
+        os.close(fd)
+        os.unlink(tmp)
 
     def _make_directory(self) -> None:
         """Create the directory owner-only; leave an existing one's mode to its owner."""

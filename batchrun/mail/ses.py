@@ -23,7 +23,12 @@ from typing import Any
 import aioboto3
 import aiohttp
 from aiobotocore.config import AioConfig
-from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    NoCredentialsError,
+    ParamValidationError,
+)
 
 from batchrun.errors import (
     MailConnectionError,
@@ -80,6 +85,20 @@ _ACCOUNT_CODES = frozenset(
         "ExpiredTokenException",
         "RequestExpired",
         "OptInRequired",
+    }
+)
+# Of those, the ones that say the keys themselves are wrong (not merely not allowed).
+_CREDENTIAL_CODES = frozenset(
+    {
+        "UnrecognizedClientException",
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "IncompleteSignature",
+        "InvalidSignatureException",
+        "MissingAuthenticationToken",
+        "ExpiredToken",
+        "ExpiredTokenException",
+        "RequestExpired",
     }
 )
 _SERVICE_CODES = frozenset(
@@ -248,6 +267,45 @@ class SesMailer:
         except (BotoCoreError, aiohttp.ClientError, OSError) as exc:
             raise MailConnectionError(self._scrub(f"SES {self._where()}: {_text(exc)}")) from exc
         log.debug("SES accepted %s as %s", message.message_id, response.get("MessageId"))
+
+    async def check(self) -> None:
+        """Ask SES for the account (sesv2 GetAccount) on the client sends use: the endpoint
+        answers, takes the keys, and the account may send. The preflight of a run.
+
+        An error reply other than a refused key (an IAM policy that allows only sending, an
+        emulator without the call) still shows SES reachable and passes.
+
+        Raises:
+            MailConnectionError: SES is unreachable or does not answer in time, refuses the
+                credentials, or says sending is paused for the account.
+        """
+        try:
+            async with asyncio.timeout(self.timeout):
+                client = await self.open()
+                account = await client.get_account()
+        except MailError:
+            raise
+        except ClientError as exc:
+            code = _code(exc)
+            if code in _CREDENTIAL_CODES:
+                raise MailConnectionError(
+                    self._scrub(f"SES {self._where()} refused the credentials: {code}")
+                ) from exc
+            log.debug("SES answered GetAccount with %s: reachable", code)
+            return
+        except TimeoutError as exc:
+            raise MailConnectionError(
+                f"SES {self._where()} did not answer within {self.timeout:g} s"
+            ) from exc
+        except NoCredentialsError as exc:
+            raise MailConnectionError(f"SES {self._where()}: {_text(exc)}") from exc
+        except (BotoCoreError, aiohttp.ClientError, OSError) as exc:
+            raise MailConnectionError(
+                self._scrub(f"cannot reach SES {self._where()}: {_text(exc)}")
+            ) from exc
+        if account.get("SendingEnabled") is False:
+            status = account.get("EnforcementStatus") or "paused"
+            raise MailConnectionError(f"SES sending is disabled for this account ({status})")
 
     async def max_send_rate(self) -> float | None:
         """The account's MaxSendRate in messages per second, or None if SES will not say.

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
+import socket
 import ssl
 import time
 from typing import TYPE_CHECKING
@@ -177,6 +179,36 @@ class SmtpMailer:
                 return False  # no EHLO, no extensions: sendmail would fall back to HELO
         return client.supports_extension("smtputf8")
 
+    async def check(self) -> None:
+        """Open one session as a send would (greeting, EHLO, STARTTLS and login as
+        configured), then QUIT; nothing is sent. The preflight of a run.
+
+        Raises:
+            MailConnectionError: the server cannot be reached or refuses the session or the
+                login; the message names ``smtp://host:port`` and the cause, no password.
+        """
+        where = f"{'smtps' if self._use_tls else 'smtp'}://{self.host}:{self.port}"
+        client = self._client()
+        try:
+            async with asyncio.timeout(self.timeout):
+                await client.connect()
+        except BaseException as exc:
+            client.close()
+            if isinstance(exc, aiosmtplib.SMTPAuthenticationError):
+                reason = f"{where} refused the login: {_describe(exc.code, exc.message)}"
+            elif isinstance(exc, aiosmtplib.SMTPResponseException):
+                reason = f"{where} refused the session: {_describe(exc.code, exc.message)}"
+            elif isinstance(exc, TimeoutError):
+                reason = f"{where} did not answer within {self.timeout:g} s"
+            elif isinstance(exc, OSError) or isinstance(exc.__cause__, OSError):
+                reason = f"cannot connect to {where}: {_os_cause(exc)}"
+            elif isinstance(exc, aiosmtplib.SMTPException):
+                reason = f"{where}: {_cause(exc)}"  # no STARTTLS or AUTH offered ...
+            else:
+                raise  # cancelled
+            raise MailConnectionError(self._scrub(reason)) from None
+        await self._quit(client)
+
     async def close(self) -> None:
         """Say QUIT on idle connections and close them; later sends fail."""
         self._closed = True
@@ -219,17 +251,7 @@ class SmtpMailer:
 
     async def _connect(self) -> aiosmtplib.SMTP:
         """Open, greet, secure and log in one connection within ``timeout``."""
-        client = aiosmtplib.SMTP(
-            hostname=self.host,
-            port=self.port,
-            username=self._username,
-            password=self._password,
-            use_tls=self._use_tls,
-            start_tls=self._start_tls,
-            timeout=self.timeout,
-            local_hostname=self._local_hostname,
-            tls_context=self._tls_context,
-        )
+        client = self._client()
         where = f"SMTP {self.host}:{self.port}"
         try:
             async with asyncio.timeout(self.timeout):
@@ -273,6 +295,20 @@ class SmtpMailer:
             self.pool_size,
         )
         return client
+
+    def _client(self) -> aiosmtplib.SMTP:
+        """A new, unconnected client with this mailer's settings."""
+        return aiosmtplib.SMTP(
+            hostname=self.host,
+            port=self.port,
+            username=self._username,
+            password=self._password,
+            use_tls=self._use_tls,
+            start_tls=self._start_tls,
+            timeout=self.timeout,
+            local_hostname=self._local_hostname,
+            tls_context=self._tls_context,
+        )
 
     async def _quit(self, client: aiosmtplib.SMTP) -> None:
         """Close one idle connection politely, giving up quickly."""
@@ -375,3 +411,16 @@ def _cause(exc: BaseException) -> str:
     """Name a connection failure in a few words (refused, reset, TLS ...)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:MAX_REASON_CHARS]
+
+
+def _os_cause(exc: BaseException) -> str:
+    """The operating system's words for a failed connect ("Connection refused")."""
+    # aiosmtplib's SMTPConnectError is an OSError itself, with the socket's error as cause
+    cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
+    if isinstance(cause, ssl.SSLError):
+        return f"TLS failed: {cause.reason or _cause(cause)}"
+    if isinstance(cause, socket.gaierror) and cause.strerror:
+        return cause.strerror  # "Name or service not known"
+    if isinstance(cause, OSError) and cause.errno is not None and cause.errno > 0:
+        return os.strerror(cause.errno)  # asyncio's own text names no cause
+    return _cause(cause or exc)

@@ -139,6 +139,11 @@ class RetryQueue(Protocol):
         """Connect and read the queue's settings (e.g. its redrive policy); idempotent."""
         ...
 
+    async def check(self) -> None:
+        """Make sure the queue (and its dead-letter queue) can be used now, writing nothing;
+        raise QueueError with the cause. A run calls it before any effect."""
+        ...
+
     async def send(self, bodies: Sequence[str]) -> None:
         """Queue every body (visible at once); raise QueueError if any was not queued."""
         ...

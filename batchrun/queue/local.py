@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from batchrun.db.base import Database
 from batchrun.db.store import now_ms
+from batchrun.errors import DatabaseError, QueueError
 from batchrun.queue.base import Received
 
 
@@ -20,6 +21,18 @@ class LocalQueue:
 
     async def open(self) -> None:
         """Nothing to open: the table lives in the job's database."""
+
+    async def check(self) -> None:
+        """Read the table's depth: it exists and the database answers. The preflight of a
+        run; nothing is written.
+
+        Raises:
+            QueueError: the table cannot be read (missing: run `batchrun db migrate`).
+        """
+        try:
+            await self.db.fetchone("queue_depths")
+        except DatabaseError as exc:
+            raise QueueError(f"cannot read the queue table batchrun_queue: {exc}") from exc
 
     async def send(self, bodies: Sequence[str]) -> None:
         if bodies:

@@ -139,6 +139,21 @@ class SqsQueue:
                 await self._load_redrive(policy_text)
             self._opened = True
 
+    async def check(self) -> None:
+        """Ask SQS for the queue's attributes now (GetQueueAttributes), and the dead-letter
+        queue's: both exist and take the credentials. The preflight of a run.
+
+        Raises:
+            QueueError: either queue is missing or unreachable, or the keys are refused.
+        """
+        await self.open()
+        for url in (self.queue_url, self.dlq_url):
+            if url is not None:
+                with self._mapped("read the attributes of", url):
+                    await self._client.get_queue_attributes(
+                        QueueUrl=url, AttributeNames=["QueueArn"]
+                    )
+
     async def _connect(self) -> None:
         stack = contextlib.AsyncExitStack()
         with self._mapped("connect to"):

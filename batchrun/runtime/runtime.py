@@ -18,7 +18,7 @@ from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
 from batchrun.queue.base import QueueMessage, Received, RetryQueue
 from batchrun.ratelimit import AdaptiveRate
-from batchrun.runtime import consume, inspect
+from batchrun.runtime import consume, inspect, preflight
 from batchrun.runtime.consume import Verdict
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.reports import FanOut, RetrySummary, Summary
@@ -71,6 +71,7 @@ class Runtime:
         # One breaker for the queue consumers: connection failures count across batches.
         self.breaker = CircuitBreaker(settings.breaker_threshold)
         self._warned_unsubscribe = False
+        self._checked: list[object] = []  # the backends preflight found usable
 
     @property
     def job(self) -> Job:
@@ -130,6 +131,23 @@ class Runtime:
                 "bulk senders; set BATCHRUN_UNSUBSCRIBE_URL and BATCHRUN_UNSUBSCRIBE_SECRET"
             )
 
+    async def preflight(self, job: Job | None = None, queue: RetryQueue | None = None) -> None:
+        """Before the first effect: the job's tables, the retry queue (and ``queue``) and
+        the mailer, each backend once per runtime (see runtime/preflight.py)."""
+        urls = (self.settings.mail_url, self.settings.retry_queue_url, self.settings.db_url)
+        if job is not None:
+            await preflight.check_tables(self.store, [job])
+        for each in (self.queue, queue):
+            if each is not None and not self._was_checked(each):
+                await preflight.check_queue(each, *urls)
+                self._checked.append(each)
+        if self.mailer is not None and not self._was_checked(self.mailer):
+            await preflight.check_mailer(self.mailer, *urls)
+            self._checked.append(self.mailer)
+
+    def _was_checked(self, backend: object) -> bool:
+        return any(backend is done for done in self._checked)
+
     async def retry_limiter(self, options: Options) -> AdaptiveRate | None:
         if not self._retry_limiter_made:
             self._retry_limiter = await make_limiter(self.mailer, options.rate)
@@ -150,6 +168,8 @@ class Runtime:
     ) -> Summary:
         """Run ``job`` (default: the first) over ``period``, ids in (after, until]."""
         which = self._job(job)
+        if not dry_run:
+            await self.preflight(which)
         return await run_period(
             self, which, period, options or Options(), dry_run=dry_run, after=after, until=until
         )
@@ -173,6 +193,7 @@ class Runtime:
         """Queue one task per entity for the consumers; return how many were queued."""
         assert self.queue is not None
         which = self._job(job)
+        await self.preflight(which)
         bodies = [QueueMessage("task", which.name, str(period), entity_id=i).to_json() for i in ids]
         for start in range(0, len(bodies), SEND_BATCH):
             await self.queue.send(bodies[start : start + SEND_BATCH])
@@ -197,6 +218,7 @@ class Runtime:
         The caller acts on the verdicts: `batchrun retry` deletes, hides or dead-letters;
         the Lambda handler turns them into its batchItemFailures.
         """
+        await self.preflight()
         verdicts, _, _ = await consume.process(self, items, options or Options())
         return verdicts
 
@@ -208,6 +230,7 @@ class Runtime:
         assert self.queue is not None and self.mailer is not None
         queue = self.queue
         started = time.monotonic()
+        await self.preflight()
         result = RetrySummary()
         result.requeued = await self.requeue_unqueued()
         visibility = max(60.0, self.settings.lease_s * 4)
@@ -252,6 +275,7 @@ class Runtime:
         """
         options = options or Options()
         started = time.monotonic()
+        await self.preflight(queue=queue)
         result = RetrySummary()
         idle_since = time.monotonic()
         requeued_at = 0.0
@@ -334,6 +358,7 @@ class Runtime:
     async def requeue_unqueued(self) -> int:
         """Queue the temporary failures that a run could not queue (the queue was down)."""
         assert self.queue is not None
+        await self.preflight()
         total = 0
         while True:
             rows = [r for r in await self.store.unqueued_failures(500) if r[0].job in self.jobs]

@@ -1,0 +1,63 @@
+"""Preflight: before a run has any effect, check what it will use.
+
+The job's tables (``Job.requires``), the retry queue (its table, or the SQS queue and its
+dead-letter queue) and the mailer (an SMTP session opened and closed, the outbox
+writable, SES answering). A broken setup then costs one line naming the part and the
+cause, exit 1, with nothing claimed, created or queued, instead of a card and a queued
+retry per entity and the cause buried in ``batchrun status``::
+
+    mail: cannot connect to smtp://127.0.0.1:2599: Connection refused
+    mail: cannot write to notadir: Not a directory
+    retry queue: could not read the attributes of SQS queue http://...: ...
+
+The checks write nothing but a file outbox's directory (and a probe file removed at
+once), which is why a dry run, which sends nothing, checks the tables and the queue only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from batchrun.db.store import Store
+from batchrun.errors import BatchrunError, MailConnectionError, NotMigratedError, QueueError
+from batchrun.job import Job
+from batchrun.mail.base import Mailer
+from batchrun.queue.base import RetryQueue
+from batchrun.urls import mask_text
+
+log = logging.getLogger(__name__)
+
+
+async def check_tables(store: Store, jobs: Iterable[Job]) -> None:
+    """Raise NotMigratedError naming the tables and columns a job needs that are missing."""
+    for job in jobs:
+        missing = await store.missing_requirements(job)
+        if missing is not None:
+            raise NotMigratedError(missing)
+
+
+async def check_queue(queue: RetryQueue, *urls: str | None) -> None:
+    """Raise QueueError (``retry queue: <cause>``) unless ``queue`` can be used now.
+
+    ``urls``: the settings' URLs, whose passwords are masked in the line.
+    """
+    try:
+        await queue.check()
+    except BatchrunError as exc:
+        raise QueueError(mask_text(f"retry queue: {exc}", *urls)) from exc
+
+
+async def check_mailer(mailer: Mailer, *urls: str | None) -> None:
+    """Raise MailConnectionError (``mail: <cause>``) unless ``mailer`` can send now.
+
+    A mailer without ``check`` (a wrapper a test or an application made) is trusted.
+    """
+    check = getattr(mailer, "check", None)
+    if check is None:
+        log.debug("mailer %r has no check(): not checked before the run", mailer)
+        return
+    try:
+        await check()
+    except BatchrunError as exc:
+        raise MailConnectionError(mask_text(f"mail: {exc}", *urls)) from exc
