@@ -143,6 +143,9 @@ class Store:
         applied: list[str] = []
         jobs = list(jobs)
         skipped = await self._foreign_database_jobs(jobs)
+        for job in jobs:
+            if job.name not in skipped and (missing := await self._missing_columns(job)):
+                raise NotMigratedError(_needs(job, missing))  # before any step: nothing half made
         if notes is not None:
             notes.extend(skipped.values())
         for name, step in self._steps(j for j in jobs if j.name not in skipped):
@@ -217,6 +220,19 @@ class Store:
             ]
         return _needs(job, missing) if missing else None
 
+    async def _missing_columns(self, job: Job) -> list[str]:
+        """Columns ``job`` reads that a table of its, present, lacks (an application's own
+        table of the same name and another shape): its steps would fail half-way."""
+        missing: list[str] = []
+        for table, columns in job.requires.items():
+            if await self.db.has_table(table):
+                missing += [
+                    f"{table}.{column}"
+                    for column in columns
+                    if not await self.db.guard_holds(f"column {table}.{column}")
+                ]
+        return missing
+
     async def pending_steps(self, jobs: Iterable[Job] = ()) -> list[str]:
         """The names of the steps ``migrate`` would run."""
         jobs = list(jobs)
@@ -226,6 +242,10 @@ class Store:
 
     async def check_migrated(self, jobs: Iterable[Job] = ()) -> None:
         """Raise NotMigratedError unless every schema step's guard holds."""
+        jobs = list(jobs)
+        for job in jobs:
+            if foreign := await self._missing_columns(job):
+                raise NotMigratedError(_needs(job, foreign))  # what migrate says too
         missing = await self.pending_steps(jobs)
         if missing:
             raise NotMigratedError(
