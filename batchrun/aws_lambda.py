@@ -7,6 +7,10 @@ Events:
   (``"month"`` is read as the period too, as batchrun 0.1 wrote it).
 - SQS event: process the records (retries, submitted tasks, continuations, shards) and
   report the ones that failed in ``{"batchItemFailures": [{"itemIdentifier": id}, ...]}``.
+  A record from ``BATCHRUN_EVENTS_QUEUE``, or whose body is an SES event notification
+  (SNS-wrapped or raw), is a bounce, complaint or other SES event
+  (``batchrun.mail.events``): applied with the database alone; one that is no SES event
+  fails, so the events queue's redrive policy moves it to its dead-letter queue.
 - HTTP event (a Function URL or an API Gateway HTTP API, payload 2.0) on
   ``BATCHRUN_UNSUBSCRIBE_URL/TOKEN``: POST suppresses the token's address (RFC 8058
   one-click, no login) and answers 200; GET answers a page with a confirm button; a bad
@@ -41,6 +45,7 @@ from batchrun import unsubscribe
 from batchrun.backends import open_backends
 from batchrun.engine import Deadline, StopToken
 from batchrun.errors import BatchrunError, UsageError
+from batchrun.mail import events as mail_events
 from batchrun.period import Period, current
 from batchrun.period import parse as parse_period
 from batchrun.queue.base import Received
@@ -285,6 +290,16 @@ async def _sqs(
     ]
     failures: list[dict[str, str]] = []
     metrics: dict[str, float] = {"Messages": len(items)}
+    events_queue = _queue_name(settings.environ.get("BATCHRUN_EVENTS_QUEUE", ""))
+    ses = [_is_mail_event(r, events_queue) for r in records]
+    if any(ses):
+        failures, metrics["MailEvents"] = await _mail_events(
+            settings, [item for item, yes in zip(items, ses, strict=True) if yes]
+        )
+        items = [item for item, yes in zip(items, ses, strict=True) if not yes]
+        if not items:
+            metrics["Failures"] = len(failures)
+            return {"batchItemFailures": failures}, metrics
     async with open_backends(
         settings,
         mail=True,
@@ -312,6 +327,29 @@ async def _sqs(
             failures.append({"itemIdentifier": item.message_id})
     metrics["Failures"] = len(failures)
     return {"batchItemFailures": failures}, metrics
+
+
+def _queue_name(url_or_arn: str) -> str:
+    """A queue's name from its URL (``.../ACCOUNT/NAME``) or ARN (``...:ACCOUNT:NAME``)."""
+    return url_or_arn.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+
+
+def _is_mail_event(record: Mapping[str, Any], events_queue: str) -> bool:
+    source = _queue_name(str(record.get("eventSourceARN", "")))
+    if events_queue and source == events_queue:
+        return True
+    return mail_events.looks_like(str(record.get("body", "")))
+
+
+async def _mail_events(
+    settings: Settings, items: list[Received]
+) -> tuple[list[dict[str, str]], float]:
+    """Apply SES event records; the poison ones are reported failed (redrive)."""
+    summary = mail_events.EventsSummary()
+    async with open_backends(settings) as backends:
+        _, poison = await mail_events.apply_items(backends.store, items, summary)
+    log.info("SES events: %s", json.dumps(summary.to_json()))
+    return [{"itemIdentifier": item.message_id} for item, _ in poison], float(len(items))
 
 
 async def _hide(queue: Any, item: Received, delay_s: float) -> None:

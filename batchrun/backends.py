@@ -51,6 +51,12 @@ def check_urls(settings: Settings, *, mail: bool) -> None:
         )
 
 
+def _ses_env(settings: Settings) -> dict[str, str]:
+    """The SES configuration set the mailer sends with, when one is named."""
+    name = settings.environ.get("BATCHRUN_SES_CONFIGURATION_SET")
+    return {"BATCHRUN_SES_CONFIGURATION_SET": name} if name else {}
+
+
 async def open_queue(
     settings: Settings, url: str | None, store: Store, *, concurrency: int
 ) -> RetryQueue:
@@ -114,7 +120,7 @@ async def open_backends(
                 settings.mail_url,
                 timeout=settings.mail_timeout_s,
                 pool_size=concurrency,
-                env=settings.extra,
+                env={**settings.extra, **_ses_env(settings)},
                 dkim=dkim,
             )
         yield Backends(store, mailer, retry_queue)

@@ -11,6 +11,7 @@
     ├── MailError                    a message could not be sent; carries a reason
     │   ├── TemporaryMailError       worth retrying later (4xx, timeout, throttling)
     │   │   ├── MailConnectionError  the backend itself is unreachable (feeds the breaker)
+    │   │   │   └── SendingStoppedError  the provider refuses all mail (SES paused): stop now
     │   │   └── ThrottledError       the provider said slow down: resend, not a failure
     │   └── PermanentMailError       never worth retrying (5xx for the recipient, rejected)
     ├── QueueError                   the retry queue failed or cannot be reached
@@ -75,6 +76,11 @@ class TemporaryMailError(MailError):
 
 class MailConnectionError(TemporaryMailError):
     """The mail backend itself is down, refusing or hanging."""
+
+
+class SendingStoppedError(MailConnectionError):
+    """The provider refuses every message until someone acts (SES sending paused, account
+    suspended): the run stops at once, as if the circuit breaker were open."""
 
 
 class ThrottledError(TemporaryMailError):

@@ -15,7 +15,7 @@ import sys
 
 import typer
 
-from batchrun.cli import db, jobs, queue, status, suppress
+from batchrun.cli import db, events, jobs, queue, status, suppress
 from batchrun.cli.app import app, reflow_help
 
 try:  # typer 0.2x vendors click; older releases use click itself
@@ -23,7 +23,7 @@ try:  # typer 0.2x vendors click; older releases use click itself
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-__all__ = ["app", "db", "jobs", "main", "queue", "status", "suppress"]
+__all__ = ["app", "db", "events", "jobs", "main", "queue", "status", "suppress"]
 
 reflow_help(app)  # every command is registered by now: help reads as written
 

@@ -88,6 +88,8 @@ class StatusCounts:
     failed_permanent: int
     claimed: int
     problems: list[tuple[int, int, int, str | None]]
+    bounces: int = 0  # permanent bounces SES reported for the period's emails
+    complaints: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +378,16 @@ class Store:
         if ids:
             await self.db.execute("mark_queued", job=scope.job, once=scope.once, ids=list(ids))
 
+    async def record_mail_event(
+        self, *, job: str, once: str, entity_id: int, event: Literal["bounce", "complaint"]
+    ) -> bool:
+        """Note a bounce or complaint on an entity's ledger row (its state stays); whether
+        the row exists (a complaint is never overwritten by a bounce)."""
+        changed = await self.db.execute(
+            "ledger_mail_event", job=job, once=once, id=entity_id, event=event
+        )
+        return changed > 0
+
     # -- status ---------------------------------------------------------------------------
 
     async def status(self, *, job: str, period: str, problems: int = 50) -> StatusCounts:
@@ -386,7 +398,10 @@ class Store:
             if problems
             else []
         )
+        events = await self.db.fetchone("status_mail_events", job=job, period=period) or (0, 0)
         return StatusCounts(
+            bounces=int(events[0]),
+            complaints=int(events[1]),
             succeeded=int(counts[0]),
             skipped=int(counts[1]),
             retrying=int(counts[2]),

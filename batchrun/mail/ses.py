@@ -4,8 +4,11 @@ Errors are mapped by what they mean for the run, not by HTTP status:
 
 - the provider asked us to slow down -> ``ThrottledError`` (resend; never the user's fault);
 - something wrong with this one message or recipient -> ``PermanentMailError``;
-- something that fails every message alike (credentials, a paused or suspended account, an
-  unverified sender or MAIL FROM domain, the daily quota spent, SES down or unreachable)
+- sending paused or the account suspended (``SendingPausedException``,
+  ``AccountSuspendedException``) -> ``SendingStoppedError``: the run stops at the first
+  one, queues the rest for retry and says why (nothing passes until someone acts);
+- something else that fails every message alike (credentials, an unverified sender or
+  MAIL FROM domain, the daily quota spent, SES down or unreachable)
   -> ``MailConnectionError``, so the job's circuit breaker stops the run and queues the
   rest for retry instead of failing every user permanently;
 - anything else -> ``TemporaryMailError`` (queued for retry, nothing lost).
@@ -34,6 +37,7 @@ from batchrun.errors import (
     MailConnectionError,
     MailError,
     PermanentMailError,
+    SendingStoppedError,
     TemporaryMailError,
     ThrottledError,
 )
@@ -64,10 +68,11 @@ _THROTTLE_CODES = frozenset(
 )
 # Failures of the account or its setup: every message would fail alike, so they must trip
 # the circuit breaker rather than mark each user as permanently failed.
+# Nothing is sent until someone acts on the account (or a configuration set's sending is
+# resumed): stop the run at the first one.
+_STOP_CODES = frozenset({"AccountSuspendedException", "SendingPausedException"})
 _ACCOUNT_CODES = frozenset(
     {
-        "AccountSuspendedException",
-        "SendingPausedException",
         "MailFromDomainNotVerifiedException",
         # SendEmail names no resource of ours but a configuration set or identity: a
         # missing one is a setup error, the same for every message
@@ -136,6 +141,7 @@ class SesMailer:
         env: Mapping[str, str] | None = None,
         timeout: float = 10.0,
         pool_size: int = 4,
+        configuration_set: str | None = None,
     ) -> None:
         """Configure the client; nothing connects until the first send.
 
@@ -148,6 +154,9 @@ class SesMailer:
             timeout: bound in seconds on connecting and on each request as a whole.
             pool_size: HTTP connections kept open at once (at least 10, aiobotocore's own
                 default); pass the send concurrency.
+            configuration_set: the SES configuration set every message is sent with
+                (default: ``BATCHRUN_SES_CONFIGURATION_SET`` in ``env``): its event
+                destination reports bounces and complaints (``batchrun events``).
         """
         if pool_size < 1:
             raise ValueError("pool_size must be at least 1")
@@ -157,6 +166,9 @@ class SesMailer:
         self.region = region
         self.timeout = timeout
         self.pool_size = pool_size
+        self.configuration_set = (
+            configuration_set or env.get("BATCHRUN_SES_CONFIGURATION_SET") or None
+        )
         self.endpoint = endpoint_from_env(env, "SESV2")
         self._v1_endpoint = endpoint_from_env(env, "SES")
         self._secrets = [
@@ -249,11 +261,7 @@ class SesMailer:
         try:
             async with asyncio.timeout(self.timeout):
                 client = await self.open()
-                response = await client.send_email(
-                    FromEmailAddress=message.envelope_sender,
-                    Destination={"ToAddresses": [recipient]},
-                    Content={"Raw": {"Data": raw}},
-                )
+                response = await client.send_email(**self._request(message, raw, recipient))
         except MailError:
             raise
         except ClientError as exc:
@@ -306,6 +314,17 @@ class SesMailer:
         if account.get("SendingEnabled") is False:
             status = account.get("EnforcementStatus") or "paused"
             raise MailConnectionError(f"SES sending is disabled for this account ({status})")
+
+    def _request(self, message: Message, raw: bytes, recipient: str) -> dict[str, Any]:
+        """The SendEmail parameters of one message."""
+        request: dict[str, Any] = {
+            "FromEmailAddress": message.envelope_sender,
+            "Destination": {"ToAddresses": [recipient]},
+            "Content": {"Raw": {"Data": raw}},
+        }
+        if self.configuration_set:
+            request["ConfigurationSetName"] = self.configuration_set
+        return request
 
     async def max_send_rate(self) -> float | None:
         """The account's MaxSendRate in messages per second, or None if SES will not say.
@@ -363,6 +382,9 @@ class SesMailer:
         if code in _THROTTLE_CODES or status == 429 or "sending rate exceeded" in lowered:
             headers = metadata.get("HTTPHeaders", {})
             return ThrottledError(reason, retry_after_s=_retry_after(headers.get("retry-after")))
+        if code in _STOP_CODES:
+            what = "sending paused" if code == "SendingPausedException" else "account suspended"
+            return SendingStoppedError(f"SES {what}: {reason}"[:MAX_REASON_CHARS])
         if code in _ACCOUNT_CODES:
             return MailConnectionError(reason)
         if code == "MessageRejected" and message.envelope_sender.lower() in lowered:

@@ -52,6 +52,8 @@ async def status(rt: Runtime, which: Job, period: Period, *, problems: int) -> d
         "retrying": counts.retrying,
         "failed_permanent": counts.failed_permanent,
         "claimed": counts.claimed,
+        "bounces": counts.bounces,
+        "complaints": counts.complaints,
         **await which.status(ctx),
         "problems": counts.problems,
     }

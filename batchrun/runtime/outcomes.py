@@ -10,7 +10,9 @@
 
 Connection-level failures (the mail backend or an HTTP peer refusing, timing out or
 dropping) also feed the circuit breaker; throttling (SES, SMTP 454, HTTP 429) also slows
-the adaptive rate.
+the adaptive rate. A provider that refuses all mail until someone acts (SES sending paused,
+account suspended: ``SendingStoppedError``) opens the breaker at once: the run stops and
+queues the rest, with that reason.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from batchrun.errors import (
     BatchrunError,
     MailConnectionError,
     PermanentMailError,
+    SendingStoppedError,
     TemporaryMailError,
     ThrottledError,
 )
@@ -42,6 +45,7 @@ class Outcome:
     delay_s: float | None = None
     connection: bool = False  # a connection-level failure: feeds the circuit breaker
     throttled: bool = False  # the peer asked to slow down: slows the adaptive rate
+    halt: bool = False  # nothing can pass until someone acts: opens the breaker at once
 
 
 SUCCEEDED = Outcome(State.SENT)
@@ -59,6 +63,8 @@ def classify(exc: BaseException) -> Outcome:
         return Outcome(State.RETRYING, _short(exc.reason), exc.retry_after_s, throttled=True)
     if isinstance(exc, PermanentMailError):
         return Outcome(State.FAILED, _short(exc.reason))
+    if isinstance(exc, SendingStoppedError):
+        return Outcome(State.RETRYING, _short(exc.reason), connection=True, halt=True)
     if isinstance(exc, MailConnectionError):
         return Outcome(State.RETRYING, _short(exc.reason), connection=True)
     if isinstance(exc, TemporaryMailError):

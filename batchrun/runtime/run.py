@@ -175,8 +175,8 @@ async def _run(
         ]
         released: list[Item] = []
         if breaker.open:
-            summary.stopped = BREAKER_REASON
-            await recorder.write([(i, Outcome(State.RETRYING, BREAKER_REASON)) for i in leftover])
+            summary.stopped = breaker.reason or BREAKER_REASON
+            await recorder.write([(i, Outcome(State.RETRYING, summary.stopped)) for i in leftover])
             summary.failed += len(leftover)
         elif leftover:
             ids = [i.id for i in leftover]

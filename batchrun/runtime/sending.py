@@ -44,18 +44,23 @@ class CircuitBreaker:
         self.threshold = threshold
         self.consecutive = 0
         self.open = False
+        self.reason: str | None = None  # why it opened, when a halt (not a count) did
 
     def success(self) -> None:
         self.consecutive = 0
+        self.reason = None
 
     def half_open(self) -> None:
         """After a pause, let one attempt through: one more failure opens it again."""
         self.open = False
         self.consecutive = self.threshold - 1
 
-    def failure(self) -> bool:
-        """Record a failure; True when this one opened the breaker."""
+    def failure(self, *, halt: bool = False) -> bool:
+        """Record a failure; True when this one opened the breaker. ``halt`` (the provider
+        refuses all mail until someone acts) opens it at once."""
         self.consecutive += 1
+        if halt:
+            self.consecutive = max(self.consecutive, self.threshold)
         if not self.open and self.consecutive >= self.threshold:
             self.open = True
             return True

@@ -85,11 +85,15 @@ class Worker:
     def _failed(self, exc: Exception) -> Outcome:
         outcome = classify(exc)
         if outcome.connection:
-            if self.breaker.failure():
-                log.error(
-                    "backend unreachable after %d connection failures in a row; stopping",
-                    self.breaker.consecutive,
-                )
+            if self.breaker.failure(halt=outcome.halt):
+                if outcome.halt:
+                    log.error("%s: stopping, the rest is queued for retry", outcome.reason)
+                    self.breaker.reason = outcome.reason
+                else:
+                    log.error(
+                        "backend unreachable after %d connection failures in a row; stopping",
+                        self.breaker.consecutive,
+                    )
                 self.stop.request("mail backend unreachable")
         else:
             self.breaker.success()

@@ -1,0 +1,77 @@
+"""``batchrun events``: apply SES bounce and complaint notifications from an SQS queue."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Annotated
+
+import typer
+
+from batchrun import engine
+from batchrun.backends import open_backends, open_queue
+from batchrun.cli.app import Context, app, run_command, stderr
+from batchrun.cli.output import table
+from batchrun.mail import events as mail_events
+
+
+@app.command("events")
+def events(
+    ctx: typer.Context,
+    queue_url: Annotated[
+        str,
+        typer.Option(
+            "--queue",
+            metavar="QUEUE_URL",
+            help="The SQS queue SES's event destination (an SNS topic) delivers to.",
+        ),
+    ],
+    max_messages: Annotated[
+        int, typer.Option("--max", min=1, help="Most queue messages to read.")
+    ] = 10_000,
+    as_json: Annotated[
+        bool, typer.Option("--json", metavar="", help="Print one JSON summary.")
+    ] = False,
+) -> None:
+    """Drain SES bounce and complaint notifications (SNS-wrapped or raw) from an SQS queue.
+
+    A permanent bounce or a complaint puts the address on the suppression list (reason
+    bounce or complaint, source the SES message id) and notes it on the entity's ledger row
+    (`batchrun status` counts them); a transient bounce or any other event changes
+    nothing; a message that is no SES event goes to the queue's dead-letter queue.
+    """
+    context: Context = ctx.obj
+    settings = context.settings
+
+    async def go() -> int:
+        started = time.monotonic()
+        stop = engine.StopToken()
+        uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
+        try:
+            async with open_backends(settings) as backends:
+                queue = await open_queue(settings, queue_url, backends.store, concurrency=4)
+                try:
+                    summary = await mail_events.drain(
+                        queue, backends.store, max_messages=max_messages, stop=stop
+                    )
+                finally:
+                    await queue.close()
+        finally:
+            uninstall()
+        summary.duration_s = time.monotonic() - started
+        if as_json:
+            print(json.dumps(summary.to_json()))
+        else:
+            table("events", summary.to_json())
+        if summary.poison:
+            stderr.print(
+                f"{summary.poison} messages were no SES event: moved to the dead-letter queue",
+                highlight=False,
+            )
+        if stop.stopping:
+            stderr.print(f"stopped ({stop.reason}); the rest stays on the queue", highlight=False)
+            return 130
+        return summary.exit_code
+
+    run_command(ctx, go)
