@@ -346,8 +346,8 @@ AWS_KEYS = {
 @pytest.mark.parametrize(
     ("code", "words"),
     [
-        ("SendingPausedException", "SES sending paused"),
-        ("AccountSuspendedException", "SES account suspended"),
+        ("SendingPausedException", "SES SendingPausedException: Sending paused"),
+        ("AccountSuspendedException", "SES AccountSuspendedException"),
     ],
 )
 async def test_a_paused_account_is_a_stop_and_the_configuration_set_is_sent(
@@ -397,14 +397,16 @@ def test_sending_paused_stops_the_run_queues_the_rest_and_exits_3(tmp_path: Path
     assert summary["eligible"] > 10
     # Stopped at the first refusal (two in flight), not after the breaker's five.
     assert 1 <= len(server.requests) <= 2, len(server.requests)
-    assert summary["stopped"].startswith("SES sending paused")
-    assert "SES sending paused" in " ".join(result.stderr.split())
+    assert summary["stopped"].startswith("SES SendingPausedException: Sending paused")
+    assert "SES SendingPausedException: Sending paused" in " ".join(result.stderr.split())
     states = query(
         db,
         "SELECT state, queued, last_error FROM batchrun_ledger WHERE period = '2025-06'",
     )
     assert states and all(s == int(State.RETRYING) and q == 1 for s, q, _ in states)
-    assert all(str(e).startswith("SES sending paused") for _, _, e in states)
+    assert all(
+        str(e).startswith("SES SendingPausedException: Sending paused") for _, _, e in states
+    )
     assert summary["queued_for_retry"] == len(states) == summary["failed"]
     kinds = [json.loads(b)["kind"] for (b,) in query(db, "SELECT body FROM batchrun_queue")]
     # one retry per entity; a continuation for the rest of the month, as an open breaker hands on

@@ -144,15 +144,52 @@ def test_function_queue_and_schedule_keep_the_lambda_contract(template: dict[str
         arches.update(props["Architectures"])
         assert props["Role"] == {"Fn::GetAtt": ["FunctionRole", "Arn"]}  # SAM adds nothing
         assert "Policies" not in props
-        events = {event["Type"]: event["Properties"] for event in props["Events"].values()}
-        assert set(events) == {"Schedule", "SQS"}
-        assert events["Schedule"]["Schedule"] == {"Ref": "ScheduleExpression"}
-        sqs = events["SQS"]
+        events = {name: event["Properties"] for name, event in props["Events"].items()}
+        kinds = {name: event["Type"] for name, event in props["Events"].items()}
+        assert kinds == {"Monthly": "Schedule", "Retries": "SQS", "MailEvents": "SQS"}
+        assert events["Monthly"]["Schedule"] == {"Ref": "ScheduleExpression"}
+        sqs = events["Retries"]
         assert sqs["Queue"] == {"Fn::GetAtt": ["RetryQueue", "Arn"]}
-        assert sqs["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
         assert sqs["ScalingConfig"] == {"MaximumConcurrency": {"Ref": "MaximumConcurrency"}}
-        assert sqs.get("MaximumBatchingWindowInSeconds", 0) == 0  # else add it to the 6x
+        assert events["MailEvents"]["Queue"] == {"Fn::GetAtt": ["EventsQueue", "Arn"]}
+        for sqs in (events["Retries"], events["MailEvents"]):
+            assert sqs["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+            assert sqs.get("MaximumBatchingWindowInSeconds", 0) == 0  # else add it to the 6x
+        # One-click unsubscribe: a POST from a mailbox provider carries no credentials.
+        assert props["FunctionUrlConfig"] == {"AuthType": "NONE"}
     assert arches == {"x86_64", "arm64"}
+
+
+def test_ses_events_reach_the_events_queue_and_nothing_else_writes_it(
+    template: dict[str, Any],
+) -> None:
+    resources = template["Resources"]
+    events = resources["EventsQueue"]["Properties"]
+    assert events["VisibilityTimeout"] >= 6 * FUNCTION_TIMEOUT
+    assert events["RedrivePolicy"]["deadLetterTargetArn"] == {
+        "Fn::GetAtt": ["EventsDeadLetterQueue", "Arn"]
+    }
+    destination = resources["SesEventDestination"]["Properties"]
+    assert destination["ConfigurationSetName"] == {"Ref": "SesConfigurationSet"}
+    assert set(destination["EventDestination"]["MatchingEventTypes"]) == {"bounce", "complaint"}
+    assert destination["EventDestination"]["SnsDestination"] == {
+        "TopicARN": {"Ref": "SesEventsTopic"}
+    }
+    subscription = resources["EventsSubscription"]["Properties"]
+    assert subscription["Protocol"] == "sqs"
+    assert subscription["Endpoint"] == {"Fn::GetAtt": ["EventsQueue", "Arn"]}
+    (allowed,) = resources["EventsQueuePolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    assert allowed["Principal"] == {"Service": "sns.amazonaws.com"}
+    assert allowed["Action"] == "sqs:SendMessage"
+    assert allowed["Condition"] == {"ArnEquals": {"aws:SourceArn": {"Ref": "SesEventsTopic"}}}
+    (publish,) = resources["SesEventsTopicPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    assert publish["Principal"] == {"Service": "ses.amazonaws.com"}
+    assert publish["Action"] == "sns:Publish"
+    assert "AWS:SourceAccount" in publish["Condition"]["StringEquals"]
+    env = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert env["BATCHRUN_SES_CONFIGURATION_SET"] == {"Ref": "SesConfigurationSet"}
+    assert env["BATCHRUN_EVENTS_QUEUE"] == {"Ref": "EventsQueue"}
+    assert template["Parameters"]["UnsubscribeSecret"]["NoEcho"] is True
 
 
 def test_environment_names_the_secret_not_the_url(template: dict[str, Any]) -> None:
@@ -194,7 +231,27 @@ def test_role_grants_only_what_the_function_uses(template: dict[str, Any]) -> No
     send = by_sid["SendAsTheSenderOnly"]
     assert set(send["Action"]) == {"ses:SendEmail", "ses:SendRawEmail"}
     assert send["Condition"] == {"StringEquals": {"ses:FromAddress": {"Ref": "SenderAddress"}}}
-    assert all(":identity/" in json.dumps(r) for r in send["Resource"])
+    identities, sets = send["Resource"][:2], send["Resource"][2:]
+    assert all(":identity/" in json.dumps(r) for r in identities)
+    # the configuration set every message names, and only it
+    assert [json.dumps(r) for r in sets] == [
+        json.dumps(
+            {
+                "Fn::Sub": "arn:${AWS::Partition}:ses:${AWS::Region}:${AWS::AccountId}:"
+                "configuration-set/${SesConfigurationSet}"
+            }
+        )
+    ]
+    # The events queue: polled and deleted from, never sent to, nor its DLQ touched.
+    assert by_sid["EventsQueue"]["Resource"] == {"Fn::GetAtt": ["EventsQueue", "Arn"]}
+    assert set(by_sid["EventsQueue"]["Action"]) == {
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+        "sqs:GetQueueAttributes",
+    }
+    granted = json.dumps(statements)
+    assert "EventsDeadLetterQueue" not in granted and "sns:" not in granted
 
 
 # -- cold start ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from batchrun.errors import (
     MailConnectionError,
     MailError,
     PermanentMailError,
+    SendingStoppedError,
     TemporaryMailError,
     ThrottledError,
 )
@@ -187,9 +188,10 @@ async def test_a_retry_after_header_is_carried(
         # this message or recipient: recorded with the reason, never retried
         (400, "MessageRejected", "Email address is not verified: ada@example.org", "permanent"),
         (400, "BadRequestException", "Illegal address", "permanent"),
+        # nothing passes until someone acts on the account: the run stops at once
+        (400, "AccountSuspendedException", "Account suspended", "stop"),
+        (400, "SendingPausedException", "Sending paused for this account", "stop"),
         # the account or its setup: every user would fail alike -> the circuit breaker
-        (400, "AccountSuspendedException", "Account suspended", "connection"),
-        (400, "SendingPausedException", "Sending paused for this account", "connection"),
         (400, "MailFromDomainNotVerifiedException", "MAIL FROM not verified", "connection"),
         (404, "NotFoundException", "Configuration set does not exist", "connection"),
         (403, "UnrecognizedClientException", "The security token is invalid", "connection"),
@@ -221,6 +223,7 @@ async def test_error_replies_are_classified(
     expected = {
         "permanent": PermanentMailError,
         "connection": MailConnectionError,
+        "stop": SendingStoppedError,
         "temporary": TemporaryMailError,
     }[kind]
     assert type(error) is expected

@@ -383,8 +383,7 @@ class SesMailer:
             headers = metadata.get("HTTPHeaders", {})
             return ThrottledError(reason, retry_after_s=_retry_after(headers.get("retry-after")))
         if code in _STOP_CODES:
-            what = "sending paused" if code == "SendingPausedException" else "account suspended"
-            return SendingStoppedError(f"SES {what}: {reason}"[:MAX_REASON_CHARS])
+            return SendingStoppedError(reason)
         if code in _ACCOUNT_CODES:
             return MailConnectionError(reason)
         if code == "MessageRejected" and message.envelope_sender.lower() in lowered:

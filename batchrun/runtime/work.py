@@ -87,7 +87,7 @@ class Worker:
         if outcome.connection:
             if self.breaker.failure(halt=outcome.halt):
                 if outcome.halt:
-                    log.error("%s: stopping, the rest is queued for retry", outcome.reason)
+                    log.error("stopping: %s; the rest is queued for retry", outcome.reason)
                     self.breaker.reason = outcome.reason
                 else:
                     log.error(
