@@ -244,8 +244,9 @@ class SesMailer:
 
         Raises:
             ThrottledError: SES asked us to slow down; resend the same message later.
+            SendingStoppedError: sending is paused or the account suspended (a stop).
             MailConnectionError: SES is unreachable, timed out, or refuses every message
-                (credentials, account paused or suspended, unverified sender, quota).
+                (credentials, unverified sender, quota).
             PermanentMailError: SES rejected this message or recipient.
             TemporaryMailError: any other failure worth retrying later.
             Skip: the address has a non-ASCII local part, which SES never accepts.
