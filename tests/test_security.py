@@ -371,7 +371,7 @@ def test_no_password_in_any_command_output_error_queue_row_or_table(
         if args == ("db", "migrate"):
             assert ":***@" in result.stderr, "the URL is shown, masked"
         if args == ("birthday", "--month", "2025-06", "--json"):
-            assert "refused the login" in result.stderr, result.stderr
+            assert f"mail: smtp://127.0.0.1:{smtp_server.port}: " in result.stderr, result.stderr
     failures = query(mysql_url, "SELECT COUNT(*) FROM batchrun_ledger")
     assert failures[0][0] == 0, "the preflight stopped every run before it claimed anyone"
     assert_no_secret(_all_rows(mysql_url), "the database (ledger, queue, cards)", secrets)
@@ -421,18 +421,37 @@ def test_no_secret_in_sqs_messages_logs_or_lambda_output(
     env = cli_env(secret_db_url, mail, BATCHRUN_RETRY_QUEUE=queue_url, **aws)
     assert run_cli("db", "migrate", env=env).returncode == 0
     assert run_cli("db", "seed", "--users", "400", "--seed", "4", env=env).returncode == 0
-    for args in (("-v", "birthday", "--month", "2025-06", "--json"), ("-v", "retry", "--json")):
+    runs = (("-v", "birthday", "--month", "2025-06", "--json"), ("-v", "retry", "--json"))
+    for args in runs:
         result = run_cli(*args, env=env, timeout=120)
+        assert result.returncode == 1, result.stderr  # the preflight: no AUTH on this server
+        assert_no_secret(result.stdout + result.stderr, " ".join(args), secrets)
+    # Failures after the start: the server takes the session, then closes the channel
+    # (421) on every message, so the breaker opens and the run logs why.
+    smtp_server.set_policy(lambda _rcpt, _n: "421 4.3.2 Service not available")
+    failing = env | {"BATCHRUN_MAIL": smtp_server.url}
+    for args in runs:
+        result = run_cli(*args, env=failing, timeout=120)
         assert result.returncode == 3, result.stderr
         assert_no_secret(result.stdout + result.stderr, " ".join(args), secrets)
 
     # In-process, every log record at DEBUG, batchrun's and its libraries' alike.
     caplog.set_level(logging.DEBUG)
     settings = Settings.from_env(env | {"BATCHRUN_MAX_RECEIVES": "1"})
+    settings_failing = Settings.from_env(failing | {"BATCHRUN_MAX_RECEIVES": "1"})
 
     async def go() -> None:
         async with open_backends(settings, mail=True, queue=True, concurrency=4) as backends:
             job = Runtime(Birthday(), backends.store, backends.mailer, backends.queue, settings)
+            with pytest.raises(BatchrunError) as refused:
+                await job.run(Month(2025, 7), Options(concurrency=4))
+            assert_no_secret(str(refused.value), "the preflight's error", secrets)
+        async with open_backends(
+            settings_failing, mail=True, queue=True, concurrency=4
+        ) as backends:
+            job = Runtime(
+                Birthday(), backends.store, backends.mailer, backends.queue, settings_failing
+            )
             await job.run(Month(2025, 7), Options(concurrency=4))
             await job.retry(Options(concurrency=4))
         wrong = settings.with_overrides(db_url=secret_db_url.rsplit("/", 1)[0] + "/nope_db")
@@ -450,7 +469,7 @@ def test_no_secret_in_sqs_messages_logs_or_lambda_output(
         assert_no_secret(text, f"log record {record.name}:{record.levelname}", secrets)
 
     # The Lambda: its JSON log line and EMF metrics on stdout, and its one-line error.
-    environ = env | {"BATCHRUN_MAX_RECEIVES": "1"}
+    environ = failing | {"BATCHRUN_MAX_RECEIVES": "1"}
     aws_lambda.handle({"job": "birthday", "month": "2025-09"}, _Context(), environ=environ)
     with pytest.raises(BatchrunError) as caught:
         aws_lambda.handle(
