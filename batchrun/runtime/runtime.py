@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchrun.db.store import MAX_ID, Scope, Store
 from batchrun.engine import StopToken
+from batchrun.errors import NotMigratedError
 from batchrun.job import Context, Job
 from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
@@ -201,8 +202,16 @@ class Runtime:
 
     async def status(self, job: Job | str, period: Period, *, problems: int = 50) -> dict[str, Any]:
         """The ledger's counts for the job's period, the job's own (``Job.status``), and the
-        first ``problems`` entities not done."""
-        return await inspect.status(self, self._job(job), period, problems=problems)
+        first ``problems`` entities not done.
+
+        Raises:
+            NotMigratedError: the job's tables (``Job.requires``) are not in the database.
+        """
+        which = self._job(job)
+        missing = await self.store.missing_requirements(which)
+        if missing is not None:
+            raise NotMigratedError(missing)  # the line migrate printed, not a missing table
+        return await inspect.status(self, which, period, problems=problems)
 
     async def preview(self, job: Job | str, period: Period, entity_id: int) -> Message:
         """The email ``job`` would send to entity ``entity_id``; nothing claimed or sent."""
