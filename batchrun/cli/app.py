@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -202,11 +203,28 @@ def main_options(
     _setup_logging(verbose)
 
 
+class _PlainHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """One line per record on whatever ``sys.stderr`` is now: for cron logs, pipes and
+    ``grep``, where rich would wrap a record at 80 columns."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
 def _setup_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     root = logging.getLogger()
-    if not any(isinstance(h, RichHandler) for h in root.handlers):
-        root.addHandler(RichHandler(console=stderr, show_path=False, markup=False))
+    if not any(isinstance(h, RichHandler | _PlainHandler) for h in root.handlers):
+        root.addHandler(
+            RichHandler(console=stderr, show_path=False, markup=False)
+            if stderr.is_terminal
+            else _PlainHandler()
+        )
     # -vv is batchrun's own debug; the drivers' (aiosqlite logs every statement) only at -vvv.
     root.setLevel(min(level, logging.INFO) if verbose < 3 else level)
     logging.getLogger("batchrun").setLevel(level)

@@ -185,7 +185,9 @@ def _run_job(
             print(json.dumps(data))
         else:
             title = f"{name} {which}" + (" (dry run)" if dry_run else "")
-            table(title, data, always=ASKED | set(summary.counters))
+            # --max-db-load asks about the pauses: their row shows even at 0.
+            paced = {"db_paused_s"} if options.max_db_load is not None else set()
+            table(title, data, always=ASKED | set(summary.counters) | paced)
             cut_short = summary.stopped is not None or options.limit is not None
             if month is not None and cut_short and not dry_run and month.left(bar.worked):
                 stderr.print(month.say(bar.worked), highlight=False, soft_wrap=True)

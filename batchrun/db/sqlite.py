@@ -111,17 +111,19 @@ class SQLiteDatabase(Database):
         await self._run(statement.text, (), fetch=False)
 
     async def estimate_rows(self, table: str) -> int | None:
-        """ANALYZE's figure (sqlite_stat1) when there is one, else a COUNT(*)."""
+        """ANALYZE's figure (sqlite_stat1) when there is one, else the rows dbstat counts
+        (None when this SQLite has no dbstat)."""
         if not await self.has_table(table):
             return None
         if await self.has_table("sqlite_stat1"):
             stat = await self.fetchval("table_rows_stat", table=table)
             if stat:
                 return int(str(stat).split()[0])
-        # An identifier cannot be bound; this one is a table that exists, quoted.
-        quoted = table.replace('"', '""')
-        rows = await self.fetch_sql(f'SELECT COUNT(*) FROM "{quoted}"', ())  # noqa: S608
-        return int(rows[0][0])
+        try:
+            count = await self.fetchval("table_rows_count", table=table)
+        except DatabaseError:  # an SQLite built without the dbstat table
+            return None
+        return int(count or 0)
 
     async def close(self) -> None:
         await self._conn.close()

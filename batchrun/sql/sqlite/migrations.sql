@@ -89,3 +89,8 @@ CREATE TABLE IF NOT EXISTS batchrun_suppression (
 -- name: table_rows_stat
 -- ANALYZE's row count of a table, the first number of its stat (`db migrate --plan`).
 SELECT stat FROM sqlite_stat1 WHERE tbl = :table ORDER BY idx IS NOT NULL LIMIT 1;
+
+-- name: table_rows_count
+-- A table's rows without naming it in SQL (an identifier cannot be bound): the cells of its
+-- b-tree's leaf pages, from the dbstat virtual table (`db migrate --plan`).
+SELECT SUM(ncell) FROM dbstat WHERE name = :table AND pagetype = 'leaf';
