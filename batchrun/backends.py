@@ -18,7 +18,7 @@ from batchrun.queue.base import from_url as queue_from_url
 from batchrun.settings import Settings
 from batchrun.urls import scheme_of
 
-DB_SCHEMES = ("mysql", "mariadb", "mysql+aiomysql", "sqlite")
+DB_SCHEMES = ("mysql", "mariadb", "mysql+aiomysql", "postgresql", "postgres", "sqlite")
 MAIL_SCHEMES = ("smtp", "smtps", "ses", "file", "console", "discard")
 
 
@@ -36,7 +36,8 @@ def check_urls(settings: Settings, *, mail: bool) -> None:
     if scheme_of(settings.db_url) not in DB_SCHEMES:
         raise UsageError(
             f"unknown --db URL scheme {scheme_of(settings.db_url) or '(none)'!r}: use "
-            "mysql://user:pass@host:port/db or sqlite:///path"
+            "mysql://user:pass@host:port/db, postgresql://user:pass@host:port/db "
+            "or sqlite:///path"
         )
     if mail and any(ord(c) < 32 or ord(c) == 127 for c in settings.sender):
         raise UsageError(f"--from {settings.sender!r} contains a control character")

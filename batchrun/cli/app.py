@@ -114,7 +114,8 @@ def main_options(
             "--db",
             envvar="BATCHRUN_DB",
             show_default="sqlite:///batchrun.db",
-            help="mysql://user:pass@host:port/db or sqlite:///path",
+            help="mysql://user:pass@host:port/db, postgresql://user:pass@host:port/db "
+            "or sqlite:///path",
         ),
     ] = None,
     mail: Annotated[

@@ -120,9 +120,11 @@ async def connect(
     """Open the database at ``url``.
 
     Args:
-        url: ``mysql://user:pass@host:port/db`` or ``sqlite:///path``.
-        pool_size: most MySQL connections open at once.
-        create: open to migrate: create a missing SQLite file and turn WAL on.
+        url: ``mysql://user:pass@host:port/db``, ``postgresql://user:pass@host:port/db``
+            or ``sqlite:///path``.
+        pool_size: most MySQL or PostgreSQL connections open at once.
+        create: open to migrate: create a missing SQLite file and turn WAL on, or a
+            missing PostgreSQL database.
         busy_timeout: seconds a SQLite statement waits for another process's lock.
     """
     scheme = scheme_of(url)
@@ -130,6 +132,12 @@ async def connect(
         from batchrun.db.mysql import MySQLDatabase
 
         return await MySQLDatabase.open(url, load("mysql"), pool_size=pool_size)
+    if scheme in ("postgresql", "postgres"):
+        from batchrun.db.postgresql import PostgreSQLDatabase
+
+        return await PostgreSQLDatabase.open(
+            url, load("postgresql"), pool_size=pool_size, create=create
+        )
     if scheme == "sqlite":
         from batchrun.db.sqlite import SQLiteDatabase
 
@@ -138,5 +146,6 @@ async def connect(
         )
     raise ConfigError(
         f"unknown database URL scheme {scheme or '(none)'!r} in {mask_url(url)!r}: "
-        "use mysql://user:pass@host:port/db or sqlite:///path"
+        "use mysql://user:pass@host:port/db, postgresql://user:pass@host:port/db "
+        "or sqlite:///path"
     )

@@ -2,7 +2,8 @@
 
 Parameters are written ``:name``. ``:name*`` expands a list: a list of scalars becomes
 ``(?, ?, ?)`` (for ``IN``), a list of tuples becomes ``(?, ?), (?, ?)`` (for multi-row
-``VALUES``). Only placeholders are generated; values are always bound by the driver.
+``VALUES``); on PostgreSQL the marks are numbered ``$1, $2, ...`` in order. Only
+placeholders are generated; values are always bound by the driver.
 """
 
 from __future__ import annotations
@@ -74,6 +75,16 @@ class Queries:
     def _translate(self, text: str, params: Mapping[str, Any]) -> tuple[str, tuple[str, ...]]:
         order: list[str] = []
         mark = self.placeholder
+        numbered = mark == "$n"  # asyncpg: $1, $2, ... one number per bound value
+
+        used = [0]
+
+        def marks(count: int) -> list[str]:
+            if not numbered:
+                return [mark] * count
+            first = used[0] + 1
+            used[0] += count
+            return [f"${n}" for n in range(first, first + count)]
 
         def replace(match: re.Match[str]) -> str:
             whole, name, star = match.group(0), match.group(1), match.group(2)
@@ -86,14 +97,14 @@ class Queries:
             order.append(name)
             value = params[name]
             if not star and not isinstance(value, list):
-                return mark
+                return marks(1)[0]
             if not isinstance(value, list) or not value:
                 raise ValueError(f"query parameter :{name}* needs a non-empty list")
             first = value[0]
             if isinstance(first, tuple):
-                row = "(" + ", ".join([mark] * len(first)) + ")"
-                return ", ".join([row] * len(value))
-            return "(" + ", ".join([mark] * len(value)) + ")"
+                width = len(first)
+                return ", ".join("(" + ", ".join(marks(width)) + ")" for _ in value)
+            return "(" + ", ".join(marks(len(value))) + ")"
 
         return _TOKEN.sub(replace, text), tuple(order)
 
@@ -173,7 +184,7 @@ class SqlFolder:
 
 
 BATCHRUN_SQL = SqlFolder(resources.files("batchrun").joinpath("sql"))
-PLACEHOLDERS = {"mysql": "%s", "sqlite": "?"}
+PLACEHOLDERS = {"mysql": "%s", "sqlite": "?", "postgresql": "$n"}
 
 
 @cache

@@ -4,6 +4,3 @@
 INSERT OR IGNORE INTO gift_card
   (recipient_email, message, status, scheduled_at, gift_code, idempotency_key)
 VALUES :rows;
-
--- name: cards_by_key
-SELECT idempotency_key, gift_code FROM gift_card WHERE idempotency_key IN :keys;

@@ -1,0 +1,237 @@
+"""PostgreSQL adapter over an asyncpg pool (one connection per concurrent statement)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import re
+from collections.abc import Callable
+from datetime import date, datetime
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+import asyncpg
+
+from batchrun.db.base import Database, Row
+from batchrun.db.sql import Queries, Statement
+from batchrun.errors import ConfigError, DatabaseError, LockTimeoutError, NotMigratedError
+from batchrun.urls import mask_text, mask_url, split
+
+log = logging.getLogger(__name__)
+
+_NO_TABLE = "42P01"
+_NO_DATABASE = "3D000"
+_LOCK_NOT_AVAILABLE = "55P03"
+_CONFLICT = {"40P01", _LOCK_NOT_AVAILABLE}  # deadlock, lock_timeout: the statement goes again
+_CONFLICT_TRIES = 3
+# As on MariaDB (see batchrun/db/mysql.py): a batchrun statement waits at most this long for
+# a row lock, then goes again (three tries in all), well under the 15 s lease, so a blocked
+# heartbeat or outcome write fails in time for the fence in runtime/lease.py to notice.
+LOCK_WAIT_S = 2
+# One statement of a migration step per line ending in ';' (a step may drop an INVALID index
+# left by an interrupted CREATE INDEX CONCURRENTLY before building it again).
+_STATEMENT_END = re.compile(r";[ \t]*\n")
+
+
+def _encode_date(value: Any) -> str:
+    return value if isinstance(value, str) else value.isoformat()
+
+
+def _encode_timestamp(value: Any) -> str:
+    return value if isinstance(value, str) else value.isoformat(sep=" ")
+
+
+# Dates and timestamps cross as text, so a job may bind '2025-06-01' as MySQL and SQLite
+# let it (asyncpg's own codecs take only date and datetime objects); rows still read back
+# as date and datetime.
+_CODECS: tuple[tuple[str, Callable[[Any], str], Callable[[str], Any]], ...] = (
+    ("date", _encode_date, date.fromisoformat),
+    ("timestamp", _encode_timestamp, datetime.fromisoformat),
+    ("timestamptz", _encode_timestamp, datetime.fromisoformat),
+)
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    for name, encoder, decoder in _CODECS:
+        await conn.set_type_codec(
+            name, schema="pg_catalog", encoder=encoder, decoder=decoder, format="text"
+        )
+
+
+def connection_options(url: str) -> dict[str, Any]:
+    """asyncpg's connect arguments for ``postgresql://user:pass@host:port/db?...``."""
+    parts = split(url)
+    database = unquote(parts.path.lstrip("/"))
+    if not database:
+        raise ConfigError(f"database URL {mask_url(url)!r} names no database")
+    try:
+        port = parts.port or 5432
+    except ValueError:
+        raise ConfigError(f"database URL {mask_url(url)!r} has a bad port") from None
+    options = parse_qs(parts.query)
+    try:
+        timeout = float(options.get("connect_timeout", ["10"])[0])
+    except ValueError:
+        raise ConfigError(f"database URL {mask_url(url)!r} has a bad connect_timeout") from None
+    settings: dict[str, Any] = {
+        "host": parts.hostname or "127.0.0.1",
+        "port": port,
+        "user": unquote(parts.username or "postgres"),
+        "password": unquote(parts.password or "") or None,
+        "database": database,
+        "timeout": timeout,
+        "server_settings": {"lock_timeout": f"{LOCK_WAIT_S}s", "application_name": "batchrun"},
+    }
+    if "sslmode" in options:
+        settings["ssl"] = options["sslmode"][0]
+    return settings
+
+
+class PostgreSQLDatabase(Database):
+    """A pool of connections in autocommit; never shares one connection between tasks."""
+
+    dialect = "postgresql"
+
+    def __init__(self, url: str, queries: Queries, pool: asyncpg.Pool) -> None:
+        super().__init__(queries)
+        self._raw_url = url
+        self.url = mask_url(url)
+        self._pool = pool
+
+    @classmethod
+    async def open(
+        cls, url: str, queries: Queries, *, pool_size: int = 4, create: bool = False
+    ) -> PostgreSQLDatabase:
+        """Connect a pool of up to ``pool_size`` connections; ``create`` creates a missing
+        database first (``batchrun db migrate``)."""
+        settings = connection_options(url)
+        size = max(1, pool_size)
+        for attempt in (1, 2):
+            try:
+                pool = await asyncpg.create_pool(
+                    min_size=1, max_size=size, init=_init_connection, **settings
+                )
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+                if create and attempt == 1 and getattr(exc, "sqlstate", None) == _NO_DATABASE:
+                    await _create_database(url, settings)
+                    continue
+                raise DatabaseError(
+                    f"cannot connect to {mask_url(url)}: {mask_text(_describe(exc), url)}"
+                ) from exc
+            assert pool is not None
+            return cls(url, queries, pool)
+        raise AssertionError("unreachable")
+
+    async def _run(
+        self, sql: str, args: tuple[Any, ...], *, fetch: bool
+    ) -> tuple[int, list[Row], list[str]]:
+        lost = conflicts = 0
+        while True:
+            try:
+                async with self._pool.acquire() as conn:
+                    if fetch:
+                        records = await conn.fetch(sql, *args)
+                        names = list(records[0].keys()) if records else []
+                        return len(records), [tuple(r) for r in records], names
+                    status = await conn.execute(sql, *args)
+                    return _rowcount(status), [], []
+            except asyncpg.PostgresError as exc:
+                # Every batchrun statement is idempotent (ON CONFLICT DO NOTHING, guarded
+                # UPDATEs) and runs alone in autocommit, so running it again is safe.
+                code = exc.sqlstate or ""
+                if _is_lost(code) and lost == 0:
+                    lost += 1
+                    log.warning("database connection lost (%s); retrying once", code)
+                    continue
+                if code in _CONFLICT and conflicts < _CONFLICT_TRIES:
+                    conflicts += 1
+                    await asyncio.sleep(random.uniform(0.01, 0.05) * conflicts)
+                    continue
+                raise self._convert(exc) from exc
+            except (asyncpg.InterfaceError, OSError) as exc:
+                if isinstance(exc, asyncpg.ConnectionDoesNotExistError) and lost == 0:
+                    lost += 1
+                    log.warning("database connection lost; retrying once")
+                    continue
+                text = mask_text(_describe(exc), self._raw_url)
+                raise DatabaseError(f"database {self.url}: {text}") from exc
+
+    def _convert(self, exc: asyncpg.PostgresError) -> DatabaseError:
+        text = mask_text(_describe(exc), self._raw_url)
+        if exc.sqlstate == _NO_TABLE:
+            return NotMigratedError(
+                f"database {self.url} is missing batchrun's tables ({text}): "
+                "run `batchrun db migrate`"
+            )
+        if exc.sqlstate == _LOCK_NOT_AVAILABLE:
+            return LockTimeoutError(f"database {self.url}: {text}")
+        return DatabaseError(f"database {self.url}: {text}")
+
+    async def execute(self, name: str, **params: Any) -> int:
+        sql, args = self.queries.compile(name, params)
+        count, _, _ = await self._run(sql, args, fetch=False)
+        return count
+
+    async def fetchall(self, name: str, **params: Any) -> list[Row]:
+        sql, args = self.queries.compile(name, params)
+        _, rows, _ = await self._run(sql, args, fetch=True)
+        return rows
+
+    async def fetch_sql(self, sql: str, args: tuple[Any, ...]) -> list[Row]:
+        _, rows, _ = await self._run(sql, args, fetch=True)
+        return rows
+
+    async def fetch_columns(self, sql: str, args: tuple[Any, ...]) -> tuple[list[str], list[Row]]:
+        _, rows, names = await self._run(sql, args, fetch=True)
+        return names, rows
+
+    async def execute_sql(self, sql: str, args: tuple[Any, ...]) -> int:
+        count, _, _ = await self._run(sql, args, fetch=False)
+        return count
+
+    async def run_step(self, statement: Statement) -> None:
+        """Each statement of the step alone, outside any transaction (``CREATE INDEX
+        CONCURRENTLY`` refuses to run inside one)."""
+        for part in _STATEMENT_END.split(statement.text + "\n"):
+            if part.strip():
+                sql, args = self.queries.compile_text(part, part, {})
+                await self._run(sql, args, fetch=False)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+
+async def _create_database(url: str, settings: dict[str, Any]) -> None:
+    """CREATE DATABASE for ``settings['database']``, connected to the ``postgres`` one."""
+    name = str(settings["database"])
+    admin = {**settings, "database": "postgres"}
+    try:
+        conn = await asyncpg.connect(**admin)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name.replace(chr(34), chr(34) * 2)}"')
+        finally:
+            await conn.close()
+    except asyncpg.DuplicateDatabaseError:
+        return  # another process created it meanwhile
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        raise DatabaseError(
+            f"cannot create database {name!r} at {mask_url(url)}: {mask_text(_describe(exc), url)}"
+        ) from exc
+
+
+def _rowcount(status: str) -> int:
+    """The row count at the end of a command tag (``INSERT 0 5``, ``UPDATE 3``), else 0."""
+    last = status.rsplit(" ", 1)[-1]
+    return int(last) if last.isdigit() else 0
+
+
+def _is_lost(code: str) -> bool:
+    # 08: connection exceptions; 57P01-57P03: the server shut the session down.
+    return code.startswith("08") or code in ("57P01", "57P02", "57P03")
+
+
+def _describe(exc: BaseException) -> str:
+    code = getattr(exc, "sqlstate", None)
+    text = str(exc) or type(exc).__name__
+    return f"({code}) {text}" if code else text

@@ -1,0 +1,11 @@
+-- name: queue_receive
+-- One statement marks the batch with a fresh receipt, so two consumers never receive the
+-- same message while it is invisible. SKIP LOCKED: a consumer passes over the rows another
+-- one is marking right now instead of waiting for them (and then finding them taken).
+UPDATE batchrun_queue
+SET receipt = :receipt, visible_at = :until, receive_count = receive_count + 1
+WHERE id IN (
+  SELECT id FROM batchrun_queue WHERE dead = 0 AND visible_at <= :now
+  ORDER BY visible_at, id LIMIT :limit
+  FOR UPDATE SKIP LOCKED
+);

@@ -1,0 +1,37 @@
+-- Catalog lookups for the migration guards, in the connection's current schema.
+
+-- name: has_column
+SELECT COUNT(*) FROM information_schema.columns
+WHERE table_schema = current_schema() AND table_name = :table AND column_name = :item;
+
+-- name: has_table
+SELECT COUNT(*) FROM information_schema.tables
+WHERE table_schema = current_schema() AND table_name = :table AND CAST(:item AS text) = '';
+
+-- name: has_index
+-- Only a VALID index counts: an interrupted CREATE INDEX CONCURRENTLY leaves an INVALID
+-- one behind, which the step then drops and builds again.
+SELECT COUNT(*) FROM pg_index i
+JOIN pg_class ic ON ic.oid = i.indexrelid
+JOIN pg_class tc ON tc.oid = i.indrelid
+WHERE tc.relnamespace = current_schema()::regnamespace
+  AND tc.relname = :table AND ic.relname = :item AND i.indisvalid;
+
+-- name: has_unique
+-- A valid single-column unique index on the column, whatever its name.
+SELECT COUNT(*) FROM pg_index i
+JOIN pg_class tc ON tc.oid = i.indrelid
+JOIN pg_attribute a ON a.attrelid = tc.oid AND a.attnum = i.indkey[0]
+WHERE tc.relnamespace = current_schema()::regnamespace
+  AND tc.relname = :table AND a.attname = :item
+  AND i.indisunique AND i.indisvalid AND i.indnatts = 1 AND i.indpred IS NULL;
+
+-- name: schema_record
+INSERT INTO batchrun_schema (step, applied_at) VALUES (:step, :now) ON CONFLICT DO NOTHING;
+
+-- name: explain_prefix
+EXPLAIN
+
+-- name: list_tables
+SELECT table_name FROM information_schema.tables
+WHERE table_schema = current_schema() AND table_type = 'BASE TABLE';
