@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, card_counts, eligible_ids, mysql_connect, query, run_cli
+from conftest import ROOT, card_counts, eligible_ids, mysql_connect, pg_connect, query, run_cli
 from smtp_server import SmtpTestServer
 
 from batchrun.mail.base import valid_address
@@ -185,15 +185,13 @@ def row_lock(race: Race, *, outlast_b: bool = False) -> None:
     race.start("A", *birthday(VICTIM_CONCURRENCY, RATE))
     race.smtp.wait_for_messages(5, timeout=20)  # A is sending
     last = max(uid for uid, _ in wait_until(race.held, timeout=10, what="A's claims"))
-    lock = mysql_connect(race.db_url)
+    lock = RowLock(race.db_url)
     try:
-        lock.begin()
-        with lock.cursor() as cur:
-            cur.execute(
-                "SELECT * FROM batchrun_ledger WHERE job = 'birthday' AND once_key = %s "
-                "AND entity_id = %s FOR UPDATE",
-                (str(YEAR), last),
-            )
+        lock.hold(
+            "SELECT * FROM batchrun_ledger WHERE job = 'birthday' AND once_key = %s "
+            "AND entity_id = %s FOR UPDATE",
+            (str(YEAR), last),
+        )
         locked_at = time.monotonic()
         before = len(race.smtp.messages)
         time.sleep(LEASE_S + 2)  # past A's lease: its heartbeat has not got through
@@ -209,8 +207,33 @@ def row_lock(race: Race, *, outlast_b: bool = False) -> None:
             time.sleep(max(0.0, locked_at + 4 * LEASE_S - time.monotonic()))
         race.notes["lock_held_s"] = round(time.monotonic() - locked_at, 1)
     finally:
-        lock.rollback()
-        lock.close()
+        lock.release()
+
+
+class RowLock:
+    """Another session's open transaction holding a row lock (MySQL or PostgreSQL)."""
+
+    def __init__(self, db_url: str) -> None:
+        self.pg = pg_connect(db_url) if db_url.startswith("postgres") else None
+        self.my = None if self.pg is not None else mysql_connect(db_url)
+
+    def hold(self, sql: str, args: tuple[Any, ...]) -> None:
+        if self.pg is not None:
+            self.pg.execute("BEGIN")
+            self.pg.execute(sql, args)
+            return
+        assert self.my is not None
+        self.my.begin()
+        with self.my.cursor() as cur:
+            cur.execute(sql, args)
+
+    def release(self) -> None:
+        if self.pg is not None:
+            self.pg.execute("ROLLBACK")
+            self.pg.close()
+        elif self.my is not None:
+            self.my.rollback()
+            self.my.close()
 
 
 def sigstop(race: Race) -> None:
@@ -275,7 +298,7 @@ def retry_paused(race: Race) -> None:
 
 @dataclass(frozen=True)
 class Scenario:
-    backend: str  # the db_url fixture: "mysql" or "sqlite"
+    backend: str  # the database fixture: "mysql", "postgres" or "sqlite"
     play: Callable[[Race], None]
     victim: str  # the run that cannot renew its claims (or, fixed, must not lose them)
     loses_claims: bool | None  # whether the victim must lose claims (None: it may)
@@ -292,6 +315,7 @@ SCENARIOS = {
         loses_claims=None,  # after the lock: A's heartbeat or B's claim, whichever goes first
         users=600,
     ),
+    "row-lock-postgresql": Scenario("postgres", row_lock, victim="A", loses_claims=True),
     "sigstop-sqlite": Scenario("sqlite", sigstop, victim="A", loses_claims=True, latency_s=0.2),
     "sigstop-mysql": Scenario("mysql", sigstop, victim="A", loses_claims=True, latency_s=0.2),
     "retry-race-mysql": Scenario("mysql", retry_race, victim="retry", loses_claims=False),
