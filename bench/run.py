@@ -11,7 +11,11 @@ process, a set latency per message) and measures, each as a real subprocess:
 - ``ceiling``: ``bench/ceiling.py``, C persistent SMTP connections, no database, messages
   built by the birthday job's template; ``ceiling/greeting`` the same with greeting's
   plain text message (the ceiling greeting is judged against: same message size);
-- ``naive``: ``bench/naive.py``, the seed's algorithm (only at ``--naive-sizes``).
+- ``naive``: ``bench/naive.py``, the seed's algorithm (only at ``--naive-sizes``);
+- ``batchrun/postgresql``: ``batchrun birthday`` against PostgreSQL (``--postgres``, off
+  with ``--no-postgres``): the same users (same seed) in a fresh database, the same sink;
+  its rows read and round trips come from that database's own ``pg_stat_*`` counters
+  (``bench/pgstat.py``), not the MariaDB ones.
 
 Before each contender the job's tables are emptied (gift_card, batchrun_ledger,
 batchrun_queue), so every contender starts from the same state. Rows examined and round
@@ -44,7 +48,7 @@ from rich.table import Table
 if __package__ in (None, ""):  # run as `python bench/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import mysqlstat
+from bench import mysqlstat, pgstat
 from bench.mysqlstat import Server, query
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -232,6 +236,13 @@ class Bench:
             self.noise = self._calibrate(conn)
         self.results: list[Result] = []
         self.sizes: dict[int, dict[str, Any]] = {}
+        self.pg: pgstat.PgServer | None = None
+        if not args.no_postgres:
+            self.pg = pgstat.PgServer(args.postgres)
+            why = self.pg.reachable()
+            if why is not None:
+                console.print(f"[yellow]PostgreSQL not reachable at {args.postgres}[/]: {why}")
+                self.pg = None
 
     def _calibrate(self, conn: Any) -> dict[str, int]:
         """What reading the counters itself adds to them (subtracted from every delta)."""
@@ -396,6 +407,98 @@ class Bench:
             float(summary.get("duration_s", 0.0)),
         )
 
+    def postgres(self, size: int, smtp: str) -> Result:
+        """``batchrun birthday`` on PostgreSQL: a fresh database with the same users (same
+        seed), the same sink; rows read and round trips from its own ``pg_stat_*``."""
+        assert self.pg is not None
+        server, name = self.pg, f"{self.args.db_prefix}{size}"
+        url = server.db_url(name)
+        with server.connect() as conn:
+            pgstat.query(conn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            pgstat.query(conn, f'CREATE DATABASE "{name}"')
+        try:
+            console.print(f"[bold]{size:,} users[/]: PostgreSQL: migrate and seed {name} ...")
+            _check(run_child([BATCHRUN, "--db", url, "db", "migrate"]), "db migrate (PostgreSQL)")
+            seed = run_child(
+                [BATCHRUN, "--db", url, "db", "seed", "--users", str(size), "--seed", "1"]
+            )
+            _check(seed, "batchrun db seed (PostgreSQL)")
+            with server.connect(name) as conn:
+                pgstat.query(conn, 'VACUUM ANALYZE "user"')
+                eligible = int(
+                    pgstat.query(
+                        conn,
+                        'SELECT COUNT(*) FROM "user" WHERE EXTRACT(MONTH FROM date_of_birth) = %s '
+                        "AND status = 10 AND email IS NOT NULL",
+                        (int(MONTH.split("-")[1]),),
+                    )[0][0]
+                )
+                table_mb = pgstat.query(
+                    conn, "SELECT pg_total_relation_size('\"user\"') / 1048576.0"
+                )[0][0]
+                pgstat.reset_stats(conn)
+            with server.connect(name) as conn:
+                before = pgstat.counters(conn, name)
+            cmd = [*self.launcher("batchrun"), "--db", url, "--mail", smtp, "birthday"]
+            cmd += ["--month", MONTH, "--concurrency", str(self.args.concurrency), "--json"]
+            if self.args.page_size:
+                cmd += ["--page-size", str(self.args.page_size)]
+            sink0 = float(self.sink.command("reset")["cpu_s"])
+            busy0 = mysqlstat.machine_busy_s()
+            finished = run_child(cmd)
+            busy1 = mysqlstat.machine_busy_s()
+            sink = self.sink.command("stats")
+            with server.connect(name) as conn:
+                after = pgstat.counters(conn, name)
+                cards = int(pgstat.query(conn, "SELECT COUNT(*) FROM gift_card")[0][0])
+        finally:
+            if not self.args.keep_db:
+                with server.connect() as conn:
+                    pgstat.query(conn, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        d = {k: after[k] - before[k] for k in after}
+        self.sizes[size]["postgresql"] = {
+            "database": name,
+            "seed_s": round(seed.wall_s, 2),
+            "eligible": eligible,
+            "user_table_mb": round(float(table_mb), 1),
+        }
+        summary = _last_json(finished.stdout) if finished.stdout.strip() else {}
+        if finished.code not in (0, 3):
+            console.print(finished.stderr[-2000:], markup=False)
+        result = Result(
+            contender="batchrun/postgresql",
+            size=size,
+            eligible=eligible,
+            users=0,
+            sent=0,
+            duration_s=0.0,
+            wall_s=round(finished.wall_s, 3),
+            users_per_s=0.0,
+            exit_code=finished.code,
+            peak_rss_mb=round(finished.peak_rss_mb, 1),
+            cpu_s=round(finished.cpu_s, 2),
+            mariadb_cpu_s=None,
+            sink_cpu_s=round(float(sink["cpu_s"]) - sink0, 2),
+            other_cpu_s=None,
+            rows_examined=d["rows_read"],
+            statements=d["transactions"],
+            questions=d["transactions"],
+            sink_messages=int(sink["messages"]),
+            sink_connections=int(sink["connections"]),
+            sink_bytes=int(sink.get("bytes", 0)),
+            detail={
+                "counters": d,
+                "summary": summary,
+                "cards_in_db": cards,
+                "machine_busy_s": round(busy1 - busy0, 2),
+                "package_digest": package_digest(),
+            },
+        )
+        done = sum(int(summary.get(k, 0)) for k in ("emails_sent", "skipped", "failed"))
+        sent = int(summary.get("emails_sent", 0))
+        self.results.append(result)
+        return self._finish(result, done, sent, float(summary.get("duration_s", 0.0)))
+
     def launcher(self, target: str) -> list[str]:
         """The command that starts ``target`` (batchrun or a module) on the chosen loop."""
         if self.args.loop == "uvloop":
@@ -517,6 +620,8 @@ class Bench:
             try:
                 if size in args.sizes:
                     self._compare(size, smtp, int(facts["eligible"]))
+                    if self.pg is not None:
+                        self.postgres(size, smtp)
                 if size in args.naive_sizes:
                     naive = [self.naive(size) for _ in range(self.args.naive_repeat)]
                     self._keep_best(naive)
@@ -720,7 +825,7 @@ def checks(results: list[Result]) -> list[dict[str, Any]]:
     for r in results:
         name = f"{r.contender} at {r.size:,}"
         summary = r.detail.get("summary", {})
-        if r.contender == "batchrun":
+        if r.contender in ("batchrun", "batchrun/postgresql"):
             out.append(
                 {
                     "check": f"{name}: sink received = emails_sent = cards in db",
@@ -803,6 +908,7 @@ def render(
     order = {
         "batchrun": 0,
         "batchrun/discard": 1,
+        "batchrun/postgresql": 1.5,
         "ceiling": 2,
         "ceiling/lean": 3,
         "greeting": 4,
@@ -843,6 +949,13 @@ def render(
             f"{facts['user_table_mb']} MB",
             highlight=False,
         )
+        pg = facts.get("postgresql")
+        if pg:
+            out.print(
+                f"  {size:,} users on PostgreSQL: seeded in {pg['seed_s']:.1f} s; user table "
+                f"{pg['user_table_mb']} MB; rows read from pg_stat_user_tables/_indexes",
+                highlight=False,
+            )
     growth = naive_growth(results)
     if growth:
         out.print("  " + growth["text"], highlight=False)
@@ -922,6 +1035,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--mysql", default=os.environ.get("BENCH_MYSQL", "mysql://root:@127.0.0.1:3306/")
     )
+    parser.add_argument(
+        "--postgres",
+        default=os.environ.get("BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/"),
+        help="PostgreSQL server for the batchrun/postgresql rows",
+    )
+    parser.add_argument("--no-postgres", action="store_true", help="skip the PostgreSQL rows")
     parser.add_argument("--db-prefix", default="batchrun_bench_")
     parser.add_argument("--keep-db", action="store_true", help="keep the databases")
     parser.add_argument(

@@ -41,9 +41,7 @@ from batchrun.runtime import Runtime
 from batchrun.settings import Settings
 
 MYSQL_URL = os.environ.get("BATCHRUN_TEST_MYSQL_URL", "mysql://root:@127.0.0.1:3306/")
-POSTGRES_URL = os.environ.get(
-    "BATCHRUN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/"
-)
+POSTGRES_URL = os.environ.get("BATCHRUN_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 ROOT = Path(__file__).resolve().parent.parent
 
