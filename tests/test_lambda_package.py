@@ -32,7 +32,16 @@ EVENTS = ROOT / "tests" / "events"
 FUNCTION_TIMEOUT = 900
 SENDER = "birthday@example.com"
 # Backends and their SDKs: each is imported only when a URL scheme asks for it.
-HEAVY = ("aiosmtplib", "aiomysql", "pymysql", "aioboto3", "aiobotocore", "botocore", "boto3")
+HEAVY = (
+    "aiosmtplib",
+    "aiomysql",
+    "pymysql",
+    "asyncpg",
+    "aioboto3",
+    "aiobotocore",
+    "botocore",
+    "boto3",
+)
 # Actions that may name Resource "*": they have no resource-level permissions.
 STAR_ACTIONS = {
     "ses:GetAccount",
@@ -63,7 +72,8 @@ class Context:
 from batchrun.aws_lambda import handler
 
 result = handler(json.loads(sys.argv[1]), Context())
-for name in ("batchrun.mail.ses", "batchrun.mail.smtp", "batchrun.queue.sqs", "batchrun.db.mysql"):
+for name in ("batchrun.mail.ses", "batchrun.mail.smtp", "batchrun.queue.sqs", "batchrun.db.mysql",
+             "batchrun.db.postgresql"):
     importlib.import_module(name)
 files = [getattr(m, "__file__", None) for m in list(sys.modules.values())]
 print("RESULT " + json.dumps({"result": result, "files": [f for f in files if f]}))
