@@ -57,6 +57,24 @@ APP_SCHEMA = {
              gift_code VARCHAR(32) NOT NULL
            ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_general_ci""",
     ],
+    "postgresql": [
+        """CREATE TABLE "user" (
+             id SERIAL PRIMARY KEY,
+             first_name VARCHAR(100) NULL,
+             last_name VARCHAR(100) NULL,
+             email VARCHAR(191) NULL,
+             date_of_birth DATE NULL,
+             status SMALLINT NOT NULL DEFAULT 10
+           )""",
+        """CREATE TABLE gift_card (
+             id SERIAL PRIMARY KEY,
+             recipient_email VARCHAR(191) NOT NULL,
+             message VARCHAR(255) NOT NULL,
+             status SMALLINT NOT NULL DEFAULT 1,
+             scheduled_at TIMESTAMP NOT NULL,
+             gift_code VARCHAR(32) NOT NULL
+           )""",
+    ],
     "sqlite": [
         """CREATE TABLE user (
              id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -79,6 +97,8 @@ APP_SCHEMA = {
 
 
 def dialect_of(db_url: str) -> str:
+    if db_url.startswith("postgres"):
+        return "postgresql"
     return "sqlite" if db_url.startswith("sqlite") else "mysql"
 
 
@@ -132,6 +152,12 @@ def make_app_tables(
 def tables(db_url: str) -> set[str]:
     if dialect_of(db_url) == "sqlite":
         rows = query(db_url, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    elif dialect_of(db_url) == "postgresql":
+        rows = query(
+            db_url,
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = current_schema()",
+        )
     else:
         rows = query(db_url, "SHOW TABLES")
     return {str(r[0]) for r in rows if not str(r[0]).startswith("sqlite_")}
@@ -141,12 +167,37 @@ def schema(db_url: str) -> list[tuple[Any, ...]]:
     """Every table's and index's definition, as the database reports it."""
     if dialect_of(db_url) == "sqlite":
         return query(db_url, "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name")
+    if dialect_of(db_url) == "postgresql":
+        columns = query(
+            db_url,
+            "SELECT table_name, column_name, data_type, character_maximum_length, is_nullable, "
+            "column_default FROM information_schema.columns "
+            "WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position",
+        )
+        indexes = query(
+            db_url,
+            "SELECT i.indexrelid::regclass::text, i.indisvalid, pg_get_indexdef(i.indexrelid) "
+            "FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid "
+            "WHERE c.relnamespace = current_schema()::regnamespace ORDER BY 1",
+        )
+        return columns + indexes
     return [query(db_url, f"SHOW CREATE TABLE `{name}`")[0] for name in sorted(tables(db_url))]
 
 
 def index_columns(db_url: str, table: str, index: str) -> list[str]:
     if dialect_of(db_url) == "sqlite":
         rows = query(db_url, f"SELECT name FROM pragma_index_info('{index}') ORDER BY seqno")
+    elif dialect_of(db_url) == "postgresql":
+        # Each key column's text: a column name, or the expression an index is built on.
+        rows = query(
+            db_url,
+            "SELECT pg_get_indexdef(i.indexrelid, k, true) FROM pg_index i "
+            "JOIN pg_class ic ON ic.oid = i.indexrelid JOIN pg_class tc ON tc.oid = i.indrelid "
+            "CROSS JOIN generate_series(1, i.indnkeyatts) AS k "
+            "WHERE tc.relname = %s AND ic.relname = %s ORDER BY k",
+            table,
+            index,
+        )
     else:
         rows = query(
             db_url,
@@ -165,6 +216,17 @@ def unique_single_column_indexes(db_url: str, table: str, column: str) -> list[s
             str(r[0])
             for r in query(
                 db_url, f"SELECT name FROM pragma_index_list('{table}') WHERE \"unique\" = 1"
+            )
+        ]
+    elif dialect_of(db_url) == "postgresql":
+        names = [
+            str(r[0])
+            for r in query(
+                db_url,
+                "SELECT ic.relname FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid "
+                "JOIN pg_class tc ON tc.oid = i.indrelid "
+                "WHERE tc.relname = %s AND i.indisunique AND i.indisvalid",
+                table,
             )
         ]
     else:
@@ -226,7 +288,9 @@ async def test_migrate_keeps_application_data(db_url: str) -> None:
     query(db_url, "UPDATE user SET date_of_birth = %s WHERE id = 1", "1990-11-05")
     assert query(db_url, "SELECT birth_month FROM user WHERE id = 1") == [(11,)]
 
-    assert index_columns(db_url, "user", INDEX) == ["birth_month", "status", "id"]
+    # PostgreSQL indexes the expression itself: no column, so no table rewrite.
+    month = "EXTRACT(month FROM date_of_birth)" if dialect_of(db_url) == "postgresql" else None
+    assert index_columns(db_url, "user", INDEX) == [month or "birth_month", "status", "id"]
     assert unique_single_column_indexes(db_url, "gift_card", "idempotency_key")
     assert unique_single_column_indexes(db_url, "gift_card", "gift_code")
     # The legacy cards have no key; a UNIQUE key allows any number of NULLs.

@@ -196,3 +196,25 @@ async def test_migrate_creates_a_missing_database(postgres_server: str) -> None:
     finally:
         with pg_connect() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def test_a_failed_concurrent_build_leaves_no_invalid_index(postgres_url: str) -> None:
+    _app_database(postgres_url, 10)
+    query(
+        postgres_url,
+        "INSERT INTO gift_card (recipient_email, message, scheduled_at, gift_code) "
+        "VALUES ('a@example.org', 'm', '2024-01-01', 'LEGACY01'), "
+        "('b@example.org', 'm', '2024-01-01', 'LEGACY01')",
+    )
+    database = await connect(postgres_url)
+    try:
+        with pytest.raises(DatabaseError, match="uq_gift_card_gift_code") as caught:
+            await Store(database).migrate([Birthday()])
+        assert "\n" not in str(caught.value)
+    finally:
+        await database.close()
+    # A failed unique build would go on refusing duplicates the application writes.
+    left = query(
+        postgres_url, "SELECT relname FROM pg_class WHERE relname = 'uq_gift_card_gift_code'"
+    )
+    assert left == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import re
@@ -32,6 +33,9 @@ LOCK_WAIT_S = 2
 # One statement of a migration step per line ending in ';' (a step may drop an INVALID index
 # left by an interrupted CREATE INDEX CONCURRENTLY before building it again).
 _STATEMENT_END = re.compile(r";[ \t]*\n")
+_DROP_INDEX = re.compile(r"\s*DROP INDEX CONCURRENTLY IF EXISTS ", re.IGNORECASE)
+# New ledger rows after which the ledger's statistics are refreshed (then at twice as many).
+_ANALYZE_FIRST = 1000
 
 
 def _encode_date(value: Any) -> str:
@@ -98,6 +102,8 @@ class PostgreSQLDatabase(Database):
         self._raw_url = url
         self.url = mask_url(url)
         self._pool = pool
+        self._claimed = 0
+        self._analyze_at = _ANALYZE_FIRST
 
     @classmethod
     async def open(
@@ -171,7 +177,19 @@ class PostgreSQLDatabase(Database):
     async def execute(self, name: str, **params: Any) -> int:
         sql, args = self.queries.compile(name, params)
         count, _, _ = await self._run(sql, args, fetch=False)
+        if name == "claim_new" and count:
+            self._claimed += count
+            if self._claimed >= self._analyze_at:
+                self._analyze_at = 2 * self._claimed
+                await self._refresh_ledger_statistics()
         return count
+
+    async def _refresh_ledger_statistics(self) -> None:
+        """ANALYZE the ledger (see ``analyze_ledger``); a failure only costs a slower plan."""
+        try:
+            await self._run(self.queries.statements["analyze_ledger"].text, (), fetch=False)
+        except DatabaseError as exc:
+            log.debug("ledger statistics not refreshed: %s", exc)
 
     async def fetchall(self, name: str, **params: Any) -> list[Row]:
         sql, args = self.queries.compile(name, params)
@@ -192,11 +210,22 @@ class PostgreSQLDatabase(Database):
 
     async def run_step(self, statement: Statement) -> None:
         """Each statement of the step alone, outside any transaction (``CREATE INDEX
-        CONCURRENTLY`` refuses to run inside one)."""
-        for part in _STATEMENT_END.split(statement.text + "\n"):
-            if part.strip():
-                sql, args = self.queries.compile_text(part, part, {})
-                await self._run(sql, args, fetch=False)
+        CONCURRENTLY`` refuses to run inside one).
+
+        A step that opens with ``DROP INDEX CONCURRENTLY IF EXISTS`` runs it again when a
+        later statement fails: a failed concurrent build (duplicate keys, a lock timeout)
+        leaves an INVALID index that writes would still maintain, and a failed unique one
+        would still refuse duplicates.
+        """
+        parts = [p for p in _STATEMENT_END.split(statement.text + "\n") if p.strip()]
+        for i, part in enumerate(parts):
+            try:
+                await self._run(part, (), fetch=False)
+            except DatabaseError:
+                if i > 0 and _DROP_INDEX.match(parts[0]):
+                    with contextlib.suppress(DatabaseError):
+                        await self._run(parts[0], (), fetch=False)
+                raise
 
     async def close(self) -> None:
         await self._pool.close()
@@ -232,6 +261,13 @@ def _is_lost(code: str) -> bool:
 
 
 def _describe(exc: BaseException) -> str:
+    """One line: ``(SQLSTATE) message (detail)``."""
     code = getattr(exc, "sqlstate", None)
-    text = str(exc) or type(exc).__name__
+    if isinstance(exc, asyncpg.PostgresError):
+        text = str(exc.args[0] if exc.args else "") or type(exc).__name__
+        detail = getattr(exc, "detail", None)
+        text = f"{text} ({detail})" if detail else text
+    else:
+        text = str(exc) or type(exc).__name__
+    text = " ".join(text.split())
     return f"({code}) {text}" if code else text
