@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+import psycopg
 import pymysql
 import pytest
 from aws_server import MotoServer, aws_client, make_queue_with_dlq
@@ -117,7 +118,9 @@ def test_gift_codes_are_unique_in_the_database_and_a_lasting_collision_fails_cle
         "idempotency_key) VALUES (%s, %s, %s, %s, %s, %s)"
     )
     query(db_url, insert, *row)
-    with pytest.raises((pymysql.err.IntegrityError, sqlite3.IntegrityError)):
+    with pytest.raises(
+        (pymysql.err.IntegrityError, sqlite3.IntegrityError, psycopg.errors.IntegrityError)
+    ):
         query(db_url, insert, *row[:5], "other:2")  # same code, another card
 
     async def go() -> None:
