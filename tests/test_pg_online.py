@@ -12,6 +12,7 @@ import pytest
 from conftest import pg_connect, query, run_cli
 
 from batchrun.db import Store, connect
+from batchrun.db.sql import Queries
 from batchrun.errors import DatabaseError
 from batchrun.jobs.birthday import Birthday, demo
 from batchrun.jobs.month import Month
@@ -218,3 +219,39 @@ async def test_a_failed_concurrent_build_leaves_no_invalid_index(postgres_url: s
         postgres_url, "SELECT relname FROM pg_class WHERE relname = 'uq_gift_card_gift_code'"
     )
     assert left == []
+
+
+def test_named_parameters_become_numbered_ones_lists_expanded() -> None:
+    queries = Queries("postgresql", "$n", {})
+    sql, args = queries.compile_text(
+        "t",
+        "SELECT ':x' FROM t WHERE a = :a AND b IN :ids AND c::text = :a -- :nope",
+        {"a": 7, "ids": [1, 2, 3]},
+    )
+    assert sql == "SELECT ':x' FROM t WHERE a = $1 AND b IN ($2, $3, $4) AND c::text = $5 -- :nope"
+    assert args == (7, 1, 2, 3, 7)
+    sql, args = queries.compile_text(
+        "v", "INSERT INTO t VALUES :rows", {"rows": [(1, "a"), (2, "b")]}
+    )
+    assert sql == "INSERT INTO t VALUES ($1, $2), ($3, $4)"
+    assert args == (1, "a", 2, "b")
+
+
+async def test_ctx_db_binds_text_dates_and_expands_lists(postgres_url: str) -> None:
+    database = await connect(postgres_url)
+    try:
+        store = Store(database)
+        await store.migrate([Birthday()])
+        db = store.jobdb
+        inserted = await db.execute(
+            'INSERT INTO "user" (email, date_of_birth) VALUES :rows',
+            rows=[("a@example.com", "1990-06-01"), ("b@example.com", "1991-07-02")],
+        )
+        assert inserted == 2
+        rows = await db.fetch(
+            'SELECT email, date_of_birth FROM "user" WHERE id IN :ids ORDER BY id', ids=[1, 2]
+        )
+        assert [r["date_of_birth"].isoformat() for r in rows] == ["1990-06-01", "1991-07-02"]
+        assert await db.execute('UPDATE "user" SET status = 0 WHERE id IN :ids', ids=[1, 2]) == 2
+    finally:
+        await database.close()
