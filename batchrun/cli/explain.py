@@ -1,6 +1,7 @@
 """``db explain``'s verdict: which index the birthday page query uses, rows read per page.
 
-The plan rows are the database's own (SQLite's EXPLAIN QUERY PLAN, MySQL/MariaDB's EXPLAIN);
+The plan rows are the database's own (SQLite's EXPLAIN QUERY PLAN, MySQL/MariaDB's and
+PostgreSQL's EXPLAIN);
 ``verdict`` turns them into one line a person can act on.
 """
 
@@ -23,6 +24,8 @@ def verdict(dialect: str, plan: Sequence[dict[str, Any]], page_size: int = PAGE_
     """One line: the index the page query uses and how many rows a page examines."""
     if dialect == "sqlite":
         return _sqlite(plan, page_size)
+    if dialect == "postgresql":
+        return _postgresql(plan, page_size)
     return _mysql(plan, page_size)
 
 
@@ -62,6 +65,29 @@ def _mysql(plan: Sequence[dict[str, Any]], page_size: int) -> str:
         )
     how = f"index {key}" if key else f"no index ({row.get('type')})"
     return _bad(how, sorts, f"about {estimate} rows")
+
+
+_PG_SCAN = re.compile(
+    r"(Seq Scan on|Index Only Scan using|Index Scan using|Bitmap Index Scan on) (\S+)"
+)
+
+
+def _postgresql(plan: Sequence[dict[str, Any]], page_size: int) -> str:
+    lines = [str(next(iter(row.values()), "")) for row in plan]
+    scans = [m for line in lines if (m := _PG_SCAN.search(line))]
+    if not scans:
+        return "unknown: no step of the plan reads the user table"
+    sorts = any(line.lstrip(" ->").startswith("Sort") for line in lines)
+    index = next((m[2] for m in scans if m[1] != "Seq Scan on"), None)
+    ordered = any(m[1] != "Bitmap Index Scan on" and m[2] == INDEX for m in scans)
+    if ordered and not sorts:
+        return (
+            f"ok: the page query uses {INDEX} (a range of EXTRACT(MONTH FROM date_of_birth), "
+            f"status, id), in id order with no sort: at most {page_size} rows examined per "
+            f"page of {page_size}"
+        )
+    how = f"index {index}" if index else "no index (a sequential scan)"
+    return _bad(how, sorts, "the whole month's users (or the whole table)")
 
 
 def _bad(how: str, sorts: bool, rows: str) -> str:

@@ -227,6 +227,19 @@ class PostgreSQLDatabase(Database):
                         await self._run(parts[0], (), fetch=False)
                 raise
 
+    async def estimate_rows(self, table: str) -> int | None:
+        """The planner's estimate (pg_class.reltuples): no table scan; None before the
+        table's first VACUUM or ANALYZE."""
+        if not await self.has_table(table):
+            return None
+        rows = await self.fetchval("table_rows", table=table)
+        return None if rows is None or int(rows) < 0 else int(rows)
+
+    async def threads_running(self) -> int | None:
+        """Client backends executing a statement now (pg_stat_activity)."""
+        row = await self.fetchone("threads_running")
+        return int(row[1]) if row else None
+
     async def close(self) -> None:
         await self._pool.close()
 

@@ -35,3 +35,15 @@ EXPLAIN
 -- name: list_tables
 SELECT table_name FROM information_schema.tables
 WHERE table_schema = current_schema() AND table_type = 'BASE TABLE';
+
+-- name: table_rows
+-- The row estimate `db migrate --plan` shows (the planner's statistics, not a scan; -1
+-- until the table was first vacuumed or analyzed).
+SELECT CAST(reltuples AS bigint) FROM pg_class
+WHERE relnamespace = current_schema()::regnamespace AND relname = :table AND relkind = 'r';
+
+-- name: threads_running
+-- What --max-db-load compares with its limit: statements the server is executing now
+-- (client backends, this one included, as MariaDB's Threads_running counts itself).
+SELECT 'Threads_running', COUNT(*) FROM pg_stat_activity
+WHERE state = 'active' AND backend_type = 'client backend';
