@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from conftest import pg_connect, query, run_cli
 
+from batchrun.cli.explain import verdict
 from batchrun.db import Store, connect
 from batchrun.db.sql import Queries
 from batchrun.errors import DatabaseError
@@ -127,6 +128,14 @@ def test_migrate_builds_the_index_concurrently_while_the_application_writes(
     assert "birth_month" not in {str(c[0]) for c in columns}
 
 
+def test_db_explain_calls_a_primary_key_plan_slow() -> None:
+    plan = [
+        {"QUERY PLAN": "Limit  (cost=0.29..309.57 rows=500 width=50)"},
+        {"QUERY PLAN": '  ->  Index Scan using user_pkey on "user"  (cost=0.29..955.34)'},
+    ]
+    assert verdict("postgresql", plan).startswith("slow: the page query uses index user_pkey")
+
+
 async def test_an_invalid_index_left_by_an_interrupted_build_is_rebuilt(
     postgres_url: str,
 ) -> None:
@@ -166,6 +175,7 @@ async def test_the_page_query_reads_one_month_from_the_expression_index(
             plan = "\n".join(str(next(iter(r.values()))) for r in rows)
             assert f"Index Scan using {INDEX}" in plan, plan
             assert "Seq Scan" not in plan and "Sort" not in plan, plan  # ORDER BY id: the index
+            assert verdict("postgresql", rows).startswith("ok: the page query uses"), plan
     finally:
         await database.close()
 
