@@ -21,16 +21,18 @@ def _ident(group: str) -> str:
 
 
 _TARGET = re.compile(
-    r"^\s*(?:"
+    # PostgreSQL's index steps first drop an INVALID leftover of an interrupted build.
+    r"^\s*(?:DROP\s+INDEX\s+CONCURRENTLY\s+IF\s+EXISTS\s+\w+\s*;\s*)?(?:"
     rf"(?P<create>CREATE\s+TABLE)(?:\s+IF\s+NOT\s+EXISTS)?\s+{_ident('create_t')}"
     rf"|(?P<alter>ALTER\s+TABLE)\s+{_ident('alter_t')}"
-    rf"|(?P<index>CREATE\s+(?:UNIQUE\s+)?INDEX)(?:\s+IF\s+NOT\s+EXISTS)?\s+\w+\s+ON\s+{_ident('index_t')}"
+    rf"|(?P<index>CREATE\s+(?:UNIQUE\s+)?INDEX)(?:\s+CONCURRENTLY)?(?:\s+IF\s+NOT\s+EXISTS)?\s+\w+\s+ON\s+{_ident('index_t')}"
     rf"|(?P<insert>INSERT(?:\s+OR\s+IGNORE|\s+IGNORE)?\s+INTO)\s+{_ident('insert_t')}"
     r")",
     re.IGNORECASE,
 )
 _ALGORITHM = re.compile(r"\bALGORITHM\s*=\s*(\w+)", re.IGNORECASE)
 _LOCK = re.compile(r"\bLOCK\s*=\s*(\w+)", re.IGNORECASE)
+_CONCURRENTLY = re.compile(r"\bCREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\b", re.IGNORECASE)
 # ", ALGORITHM=INSTANT" / ", ALGORITHM=INPLACE, LOCK=NONE" at the end of an ALTER TABLE's
 # list of changes (or alone, when a job writes them first).
 _ONLINE_CLAUSE = re.compile(r"\s*,?\s*\b(?:ALGORITHM|LOCK)\s*=\s*\w+", re.IGNORECASE)
@@ -69,11 +71,14 @@ def describe(name: str, step: Statement, rows: int | None = None) -> StepPlan:
                 break
     algorithm = _ALGORITHM.search(text)
     lock = _LOCK.search(text)
+    concurrently = _CONCURRENTLY.search(text)  # PostgreSQL: writes go on during the build
     return StepPlan(
         step=name,
         statement=kind,
         table=table,
-        algorithm=algorithm.group(1).upper() if algorithm else None,
+        algorithm=(
+            algorithm.group(1).upper() if algorithm else "CONCURRENTLY" if concurrently else None
+        ),
         lock=lock.group(1).upper() if lock else None,
         rows=rows,
     )
