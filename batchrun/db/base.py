@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -10,6 +11,13 @@ from batchrun.errors import ConfigError
 from batchrun.urls import mask_url, scheme_of
 
 Row = tuple[Any, ...]
+
+
+def now_ms() -> int:
+    """Wall-clock epoch milliseconds (leases compare across processes and hosts)."""
+    return int(time.time() * 1000)
+
+
 _GUARDS = {
     "table": "has_table",
     "column": "has_column",

@@ -5,8 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from batchrun.db.base import Database
-from batchrun.db.store import now_ms
+from batchrun.db.base import Database, now_ms
 from batchrun.errors import DatabaseError, QueueError
 from batchrun.queue.base import Received
 

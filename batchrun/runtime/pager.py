@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from batchrun.db.base import Database
-from batchrun.db.store import FINAL_STATES, MAX_ID, Claim, Scope, Store, now_ms
+from batchrun.db.base import Database, now_ms
+from batchrun.db.store import FINAL_STATES, MAX_ID, Claim, Scope, Store
 from batchrun.engine import StopToken
 from batchrun.errors import JobError, LockTimeoutError
 from batchrun.job import Context, Job
