@@ -22,7 +22,7 @@ from batchrun import codes
 from batchrun.engine import StopToken
 from batchrun.job import Context
 from batchrun.jobs.birthday import Birthday
-from batchrun.mail.smtp import _transact
+from batchrun.mail.smtp_transaction import transaction
 from batchrun.period import parse
 from batchrun.runtime.sending import Sender
 from batchrun.settings import Settings
@@ -113,7 +113,7 @@ async def run(
                 # No deadline at all: the least work a sender can do per message
                 # (batchrun sets one deadline per message, the ceiling none).
                 if lean:
-                    await _transact(client, SENDER, rcpt, raw)
+                    await transaction(client, SENDER, rcpt, raw)
                 else:
                     await client.sendmail(SENDER, [rcpt], raw, timeout=None)
             except aiosmtplib.SMTPException:

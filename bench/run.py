@@ -692,7 +692,7 @@ class Bench:
                 r.vs_naive = round(r.users_per_s / naive.users_per_s, 2)
             if ceiling and ceiling.users_per_s:
                 r.vs_ceiling = round(r.users_per_s / ceiling.users_per_s, 3)
-            # batchrun's SMTP mailer skips sendmail's re-parsing (mail/smtp.py _transact);
+            # batchrun's SMTP mailer skips sendmail's re-parsing (mail/smtp_transaction.py);
             # the ceiling sending the same way shows what the runtime itself costs.
             lean = by.get(("ceiling/lean", r.size))
             if r.contender == "batchrun" and lean and lean.users_per_s:

@@ -30,7 +30,7 @@ from batchrun.errors import (
     PermanentMailError,
     TemporaryMailError,
 )
-from batchrun.mail import Mailer, Message, from_url, valid_address
+from batchrun.mail import Mailer, Message, from_url, smtp_transaction, valid_address
 from batchrun.mail import smtp as smtp_module
 from batchrun.mail.base import clean_text
 from batchrun.mail.console import ConsoleMailer, DiscardMailer
@@ -783,7 +783,7 @@ async def test_lines_starting_with_a_dot_arrive_as_written(
     mailer = make_mailer(smtp_server.url)
     client = await mailer._checkout()
     try:
-        await smtp_module._transact(client, "birthday@example.com", "user1@example.com", raw)
+        await smtp_transaction.transaction(client, "birthday@example.com", "user1@example.com", raw)
     finally:
         mailer._checkin(client, True)
     await mailer.send(make_message(2))  # the connection is still in step afterwards
