@@ -196,14 +196,14 @@ def test_bad_numbers_are_usage_errors(
 def test_unknown_db_scheme(
     via: str, command: list[str], env: dict[str, str], db_file: Path, outbox: Path
 ) -> None:
-    url = "postgres://app:Sup3rSecret@db.internal:5432/app"
+    url = "oracle://app:Sup3rSecret@db.internal:1521/app"
     if via == "option":
         result = invoke("--db", url, *command, env=env)
     else:
         result = invoke(*command, env={**env, "BATCHRUN_DB": url})
     out = assert_clean_failure(result, 2)
     assert len(lines(out)) == 1, out
-    assert "'postgres'" in out
+    assert "'oracle'" in out
     assert "--db" in out
     assert "Sup3rSecret" not in out
     assert not db_file.exists()
