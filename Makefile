@@ -40,8 +40,11 @@ demo: $(BIN)/.runtime  ## the birthday job on the embedded default: SQLite, file
 	@$(DEMO) status --month $(MONTH)
 	@echo "==> done: $$(ls .demo/outbox | wc -l) emails written to .demo/outbox; make test runs the tests"
 
-test: install  ## the test suite (MySQL tests need MariaDB on 127.0.0.1:3306, or BATCHRUN_TEST_MYSQL_URL)
-	$(BIN)/python -m pytest
+# Test processes (pytest-xdist): most tests wait on servers, so two share the 2 cores well.
+TEST_WORKERS ?= 2
+
+test: install  ## the test suite (needs MariaDB on 127.0.0.1:3306 and PostgreSQL on 127.0.0.1:5432, or BATCHRUN_TEST_MYSQL_URL / BATCHRUN_TEST_POSTGRES_URL)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 lint: install  ## ruff and mypy --strict
 	$(BIN)/ruff check batchrun tests deploy bench
