@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from typing import Any, cast
 
@@ -38,7 +39,9 @@ def sample_messages(count: int, shape: str = "birthday") -> list[tuple[str, byte
     job = Birthday()
     sender = Sender(
         None,
-        Settings(sender=SENDER),
+        # The run's own settings: with bench/run.py's unsubscribe secret, the same
+        # List-Unsubscribe fields and unsubscribe link as batchrun's messages.
+        Settings.from_env().with_overrides(sender=SENDER),
         summary=None,
         lease=None,
         stop=StopToken(),
@@ -61,6 +64,8 @@ def sample_messages(count: int, shape: str = "birthday") -> list[tuple[str, byte
             )
             out.append((message.to_addr, message.to_bytes()))
             continue
+        code = codes.new_code()
+        redeem = os.environ.get("BATCHRUN_REDEEM_URL")
         message = sender.message(
             ctx.entity(i + 1),
             to=f"user{i + 1}.123456@example.com",
@@ -72,8 +77,10 @@ def sample_messages(count: int, shape: str = "birthday") -> list[tuple[str, byte
             variables={
                 "first_name": "Grace",
                 "last_name": "Hopper",
-                "code": codes.display(codes.new_code()),
+                "code": codes.display(code),
                 "year": 2025,
+                "redeem_url": redeem.replace("{code}", code) if redeem else None,
+                "postal_address": os.environ.get("BATCHRUN_POSTAL_ADDRESS") or None,
             },
         )
         out.append((message.to_addr, message.to_bytes()))

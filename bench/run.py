@@ -179,6 +179,18 @@ class Finished:
     cpu_s: float
 
 
+# The email as a real deployment sends it: one-click unsubscribe (a signed token and two
+# header fields a message), a redeem link and a postal address in the template. Every child
+# gets them (the ceiling's messages too, so both carry the same bytes); the environment
+# may override them.
+MAIL_ENV = {
+    "BATCHRUN_UNSUBSCRIBE_URL": "https://gifts.example.com/unsubscribe",
+    "BATCHRUN_UNSUBSCRIBE_SECRET": "bench-unsubscribe-secret-0123456789abcdef",
+    "BATCHRUN_REDEEM_URL": "https://gifts.example.com/redeem?code={code}",
+    "BATCHRUN_POSTAL_ADDRESS": "Example Gifts Ltd, 1 Example Street, 10115 Berlin",
+}
+
+
 def child_env() -> dict[str, str]:
     """The environment of every child: this tree first on ``PYTHONPATH``.
 
@@ -186,7 +198,7 @@ def child_env() -> dict[str, str]:
     installed from (an editable install of another checkout), not the code whose digest
     the results carry; ``python -m`` children get this tree from their cwd alike.
     """
-    env = dict(os.environ)
+    env = {**MAIL_ENV, **os.environ}
     paths = [str(ROOT), *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     return env
