@@ -19,10 +19,11 @@ from typing import Any
 import batchrun
 
 # A keyset page over the birthday job's index idx_user_birth_month_status_id (the
-# birth_month column and its index come from `batchrun db migrate`).
+# birth_month column and its index come from `batchrun db migrate`); FORCE INDEX as the
+# birthday job's page has it (MariaDB would take ref on the month's early pages).
 PAGE = """
 SELECT id, first_name, last_name, email
-FROM `user`
+FROM `user` FORCE INDEX (idx_user_birth_month_status_id)
 WHERE birth_month = :month AND status = 10 AND id > :after AND email IS NOT NULL
 ORDER BY id
 LIMIT :limit
