@@ -614,3 +614,14 @@ def test_help_shows_flags_without_a_bool_value(command: list[str]) -> None:
     assert result.exit_code == 0, result.output
     flag_lines = [line for line in result.output.splitlines() if "--json" in line]
     assert flag_lines and all("<bool>" not in line for line in flag_lines), flag_lines
+    # Not even --help / -h, the option typer builds itself: no page shows a <bool> at all.
+    assert "<bool>" not in result.output, result.output
+
+
+@pytest.mark.parametrize(
+    "command", [[], ["db"], ["db", "migrate"], ["suppress", "add"], ["worker"]]
+)
+def test_no_help_page_shows_a_bool_value(command: list[str]) -> None:
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert "--help" in result.output and "<bool>" not in result.output, result.output

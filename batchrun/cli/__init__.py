@@ -16,7 +16,7 @@ import sys
 import typer
 
 from batchrun.cli import db, events, jobs, queue, status, suppress
-from batchrun.cli.app import app, reflow_help
+from batchrun.cli.app import app, quiet_help_flags, reflow_help
 
 try:  # typer 0.2x vendors click; older releases use click itself
     from typer._click import exceptions as click_exceptions
@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover
 __all__ = ["app", "db", "events", "jobs", "main", "queue", "status", "suppress"]
 
 reflow_help(app)  # every command is registered by now: help reads as written
+quiet_help_flags(app)  # --help / -h without a <bool>
 
 
 # The global options that take a value, and the flags; `batchrun birthday --db URL` is

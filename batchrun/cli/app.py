@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 import typer
 from rich.console import Console
 from rich.logging import RichHandler
+from typer.core import TyperCommand, TyperGroup
 
 from batchrun import __version__
 from batchrun.backends import Backends
@@ -97,6 +98,37 @@ def reflow_help(typer_app: typer.Typer) -> None:
     for group in typer_app.registered_groups:
         if group.typer_instance is not None:
             reflow_help(group.typer_instance)
+
+
+class _HelpFlag:
+    """``--help`` / ``-h`` is a flag, shown without the ``<bool>`` typer gives the help
+    option it builds itself (every other flag here sets ``metavar=""``)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class _Command(_HelpFlag, TyperCommand):
+    pass
+
+
+class _Group(_HelpFlag, TyperGroup):
+    pass
+
+
+def quiet_help_flags(typer_app: typer.Typer) -> None:
+    """Give every command and group of ``typer_app`` (and its sub-apps) a help flag
+    without a value shown (call it once every command is registered)."""
+    typer_app.info.cls = _Group
+    for command in typer_app.registered_commands:
+        if command.cls in (None, TyperCommand):
+            command.cls = _Command
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            quiet_help_flags(group.typer_instance)
 
 
 def _print_version(value: bool) -> None:
