@@ -71,28 +71,7 @@ _THROTTLE_CODES = frozenset(
 # Nothing is sent until someone acts on the account (or a configuration set's sending is
 # resumed): stop the run at the first one.
 _STOP_CODES = frozenset({"AccountSuspendedException", "SendingPausedException"})
-_ACCOUNT_CODES = frozenset(
-    {
-        "MailFromDomainNotVerifiedException",
-        # SendEmail names no resource of ours but a configuration set or identity: a
-        # missing one is a setup error, the same for every message
-        "NotFoundException",
-        "LimitExceededException",  # an account limit (a sending-rate one is caught first)
-        "AccessDenied",
-        "AccessDeniedException",
-        "UnrecognizedClientException",
-        "InvalidClientTokenId",
-        "SignatureDoesNotMatch",
-        "IncompleteSignature",
-        "InvalidSignatureException",
-        "MissingAuthenticationToken",
-        "ExpiredToken",
-        "ExpiredTokenException",
-        "RequestExpired",
-        "OptInRequired",
-    }
-)
-# Of those, the ones that say the keys themselves are wrong (not merely not allowed).
+# The keys themselves are wrong (not merely not allowed): account failures too.
 _CREDENTIAL_CODES = frozenset(
     {
         "UnrecognizedClientException",
@@ -105,6 +84,21 @@ _CREDENTIAL_CODES = frozenset(
         "ExpiredTokenException",
         "RequestExpired",
     }
+)
+_ACCOUNT_CODES = (
+    frozenset(
+        {
+            "MailFromDomainNotVerifiedException",
+            # SendEmail names no resource of ours but a configuration set or identity: a
+            # missing one is a setup error, the same for every message
+            "NotFoundException",
+            "LimitExceededException",  # an account limit (a sending-rate one is caught first)
+            "AccessDenied",
+            "AccessDeniedException",
+            "OptInRequired",
+        }
+    )
+    | _CREDENTIAL_CODES
 )
 _SERVICE_CODES = frozenset(
     {"InternalFailure", "InternalError", "InternalServerError", "ServiceUnavailable"}
