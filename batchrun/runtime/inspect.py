@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from batchrun.runtime.runtime import Runtime
 
 
-class _NoEffects:
+class NoEffects:
     """The effects of a context that must not act (``status``): it may read the list."""
 
     def __init__(self, store: Store) -> None:
@@ -42,7 +42,7 @@ async def status(rt: Runtime, which: Job, period: Period, *, problems: int) -> d
         which,
         period,
         rt.store.jobdb,
-        _NoEffects(rt.store),
+        NoEffects(rt.store),
         dry_run=True,
         env=rt.settings.environ,
     )
