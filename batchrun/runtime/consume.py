@@ -256,6 +256,7 @@ def _worker(
         limiter=limiter,
         give_up_after=rt.queue.max_receives,
         on_outcome=note,
+        bugs=rt.bugs,
     )
 
 
