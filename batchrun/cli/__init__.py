@@ -3,6 +3,7 @@
 app.py     the app, global options, settings, jobs, the runtime, errors -> exit codes
 jobs.py    birthday, run, jobs, submit, preview
 queue.py   retry, worker
+dead.py    dead list / redrive / purge
 status.py  status
 why.py     why (one entity's story)
 metrics.py metrics (Prometheus text)
@@ -18,7 +19,7 @@ import sys
 
 import typer
 
-from batchrun.cli import db, events, jobs, metrics, queue, status, suppress, ui, why
+from batchrun.cli import db, dead, events, jobs, metrics, queue, status, suppress, ui, why
 from batchrun.cli.app import app, quiet_help_flags, reflow_help
 
 try:  # typer 0.2x vendors click; older releases use click itself
@@ -29,6 +30,7 @@ except ImportError:  # pragma: no cover
 __all__ = [
     "app",
     "db",
+    "dead",
     "events",
     "jobs",
     "main",
