@@ -158,11 +158,13 @@ class Dashboard:
 
     async def dead(self, request: Request) -> Response:
         rt = self.runtime
+        letters, why_not = await data.dead_letters(rt)
         return self.page(
             request,
             "dead.html",
-            dead=await data.queue_messages(rt, dead=True),
-            waiting=await data.queue_messages(rt, dead=False),
+            dead=letters,
+            dead_why_not=why_not,
+            waiting=await data.waiting(rt),
             queue_url=rt.queue.url if rt.queue is not None else "",
         )
 
@@ -189,7 +191,7 @@ class Dashboard:
 
     async def redrive(self, request: Request) -> Response:
         form = await _form(request)
-        ids = [int(v) for v in form.getlist("id") if v.isdigit()]
+        ids = [v for v in form.getlist("id") if v]
         moved = await data.redrive(self.runtime, ids)
         return _back(request, f"{moved} dead letter{'s' if moved != 1 else ''} redriven", "/dead")
 

@@ -1,15 +1,16 @@
 """What the dashboard's pages show, read from the store and the queue (reads only, except
-``redrive``). The pages' templates get plain dicts and lists from here."""
+``redrive``: queue/dead.py's). The pages' templates get plain dicts and lists from here."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchrun.db.base import now_ms
+from batchrun.errors import QueueError
 from batchrun.job import Context, Job
 from batchrun.period import Period, current, parse
+from batchrun.queue import dead
+from batchrun.queue.dead import DeadLetter
 from batchrun.queue.local import LocalQueue
 from batchrun.runtime.inspect import NoEffects
 from batchrun.runtime.runtime import Runtime
@@ -77,39 +78,46 @@ def period_of(job: Job, text: str | None) -> Period:
     return current(job.period) if not text else parse(job.period, text)
 
 
-async def queue_messages(rt: Runtime, *, dead: bool) -> list[dict[str, Any]] | None:
-    """The local queue's waiting (or dead) messages, oldest first; None for an SQS queue,
-    whose messages cannot be listed without receiving them."""
+async def waiting(rt: Runtime) -> list[dict[str, Any]] | None:
+    """The local queue's messages waiting for a retry (or in flight), oldest first; None for
+    an SQS queue, whose messages cannot be listed without receiving them."""
     if not isinstance(rt.queue, LocalQueue):
         return None
-    rows = await rt.store.db.fetchall("ui_queue_messages", dead=int(dead), limit=SHOWN_MESSAGES)
+    rows = await rt.store.db.fetchall("ui_queue_waiting", limit=SHOWN_MESSAGES)
     out = []
-    for message_id, body, visible_at, receives, _, dead_reason, created in rows:
-        try:
-            data = json.loads(body)
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            data = {}
-        entity = data.get("id", data.get("user_id"))
-        out.append(
-            {
-                "id": int(message_id),
-                "kind": str(data.get("kind", "?")),
-                "job": str(data.get("job", "?")),
-                "period": str(data.get("period", data.get("month", ""))),
-                "entity_id": entity if isinstance(entity, int) else None,
-                "reason": str(dead_reason or data.get("reason") or ""),
-                "receives": int(receives),
-                "created": iso(int(created)),
-                "visible": iso(int(visible_at)),
-            }
-        )
+    for message_id, body, visible_at, receives, created in rows:
+        letter = DeadLetter(str(message_id), str(body), "", int(receives), int(created))
+        out.append({**_named(letter), "visible": iso(int(visible_at))})
     return out
 
 
-async def redrive(rt: Runtime, ids: list[int]) -> int:
-    """Put the local queue's dead letters ``ids`` back on the queue; how many moved."""
-    if not ids or not isinstance(rt.queue, LocalQueue):
+async def dead_letters(rt: Runtime) -> tuple[list[dict[str, Any]] | None, str]:
+    """The dead letters (local queue or the SQS dead-letter queue), or None and why not."""
+    if rt.queue is None:
+        return None, "no queue"
+    try:
+        letters = await dead.list_dead(rt.queue, limit=SHOWN_MESSAGES)
+    except QueueError as exc:
+        return None, str(exc)
+    return [_named(letter) for letter in letters], ""
+
+
+def _named(letter: DeadLetter) -> dict[str, Any]:
+    return {
+        "id": letter.id,
+        "kind": letter.kind or "?",
+        "job": letter.job or "?",
+        "period": letter.period or "",
+        "entity_id": letter.entity_id,
+        "reason": letter.reason or str(letter.fields.get("reason") or ""),
+        "receives": letter.receive_count,
+        "created": iso(letter.sent_at_ms) if letter.sent_at_ms is not None else "",
+    }
+
+
+async def redrive(rt: Runtime, ids: list[str]) -> int:
+    """Put the dead letters ``ids`` back on the queue (their ledger rows revived first);
+    how many moved."""
+    if not ids or rt.queue is None:
         return 0
-    return await rt.store.db.execute("ui_redrive", ids=ids, now=now_ms())
+    return len(await dead.redrive(rt.queue, rt.store, ids=ids))
