@@ -95,3 +95,5 @@ def serve(env: dict[str, str], *args: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        if process.stderr is not None:
+            process.stderr.close()
