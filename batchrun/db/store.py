@@ -97,6 +97,9 @@ class Store(Schema):
     def __init__(self, db: Database) -> None:
         super().__init__(db)
         self.jobdb = JobDatabase(db)
+        # The batchrun_run row this process's claims belong to (runtime/runrecord.py sets
+        # it); None: claims are recorded without one.
+        self.run_id: int | None = None
 
     # -- the ledger -----------------------------------------------------------------------
 
@@ -142,6 +145,13 @@ class Store(Schema):
                 now=now,
             )
         return await self.claims_of(scope, ids)
+
+    async def note_run(self, scope: Scope, ids: Sequence[int], me: str) -> None:
+        """Record ``run_id`` on the ledger rows of ``ids`` that ``me`` owns (``why``)."""
+        if ids and self.run_id is not None:
+            await self.db.execute(
+                "ledger_run", run=self.run_id, job=scope.job, once=scope.once, ids=list(ids), me=me
+            )
 
     async def claims_of(self, scope: Scope, ids: Sequence[int]) -> dict[int, Claim]:
         """The ledger rows of ``ids`` (absent ids have none)."""
