@@ -66,7 +66,11 @@ async def collect(
 
 async def last_runs(store: Store) -> list[LastRun]:
     """Each job's latest finished run of each outcome, from the run history."""
-    return []
+    rows = await store.db.fetchall("metrics_last_runs")
+    return [
+        LastRun(str(job), str(outcome), int(ended) / 1000, max(0, int(ended) - int(started)) / 1000)
+        for job, outcome, ended, started in rows
+    ]
 
 
 def registry(snapshot: Snapshot) -> CollectorRegistry:

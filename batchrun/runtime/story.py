@@ -11,7 +11,8 @@ Nothing is claimed, written or sent. The story is put together from what is stor
   address (unsubscribes, bounces, complaints, manual);
 - the local queue's messages for the entity, waiting or dead-lettered (an SQS queue cannot be
   read without receiving: the ledger's ``queued`` flag stands in for it);
-- the run that did each step, when run history is kept (``runs_at``).
+- the run that did each step: the ledger's ``run_id`` (the run that claimed it), else the
+  run history's run of the job going on at that moment.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from batchrun.job import Context, Job
 from batchrun.mail.base import valid_address
 from batchrun.period import Period
 from batchrun.queue.local import LocalQueue
+from batchrun.runtime.history import History
 from batchrun.runtime.inspect import NoEffects
 from batchrun.runtime.pager import recheck
 
@@ -116,20 +118,36 @@ async def tell(
     if address is not None:
         events += await _suppression_events(rt, address)
     events += await _queue_events(rt, job, entity_id)
-    if runs_at is not None:
-        events = [
-            Event(e.at, e.what, e.detail, await runs_at(job.name, e.at)) if _by_a_run(e) else e
-            for e in events
-        ]
+    finder = runs_at or await history_finder(rt)
+    events = [
+        Event(e.at, e.what, e.detail, await finder(job.name, e.at))
+        if e.run_id is None and _by_a_run(e)
+        else e
+        for e in events
+    ]
     events.sort(key=lambda e: (e.at, e.what != "eligible now" and e.what != "not eligible now"))
     return Story(job.name, entity_id, str(period), eligible, state, events)
 
 
 def _by_a_run(event: Event) -> bool:
-    """Steps a run (or a drain) takes: claims, outcomes, sends, queue messages."""
-    return event.what in {"claimed", "pending", "sent", "skipped", "retrying", "failed"} or (
-        event.what.endswith("message waiting") or event.what == "dead-lettered"
-    )
+    """Steps a process recorded in the run history takes: outcomes, queue messages, and
+    suppressions (an ``events`` drain)."""
+    return event.what not in ("eligible now", "not eligible now", "no ledger row")
+
+
+async def history_finder(rt: Runtime, limit: int = 1000) -> RunFinder:
+    """The run of a job (or a process serving every job) going on at a moment, from the
+    newest ``limit`` rows of the run history."""
+    runs = await History(rt.store.db, lease_s=rt.settings.lease_s).runs(limit=limit)
+
+    async def find(job: str, at: int) -> int | None:
+        for run in runs:  # newest first: the innermost of overlapping runs wins
+            end = run.ended_at if run.ended_at is not None else run.heartbeat_at
+            if run.job in (job, None) and run.started_at <= at <= end:
+                return run.id
+        return None
+
+    return find
 
 
 async def _eligibility(
@@ -157,23 +175,26 @@ def _ledger_events(
     """The ledger row as steps: its state at its last change, and a bounce or complaint."""
     period, state, attempts, owner, lease_until = row[0], int(row[1]), int(row[2]), row[3], row[4]
     queued, error, updated, mail_event = bool(row[5]), row[6], int(row[7]), row[8]
+    run = None if row[9] is None else int(row[9])  # the run that claimed it last
     tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
     out: list[Event] = []
     if state == State.SENT:
         mid = message_id(job, ctx.key, rt.settings.sender)
-        out.append(Event(updated, "sent", f"Message-ID {mid} accepted ({tries}; period {period})"))
+        out.append(
+            Event(updated, "sent", f"Message-ID {mid} accepted ({tries}; period {period})", run)
+        )
     elif state == State.SKIPPED:
-        out.append(Event(updated, "skipped", error or "skipped"))
+        out.append(Event(updated, "skipped", error or "skipped", run))
     elif state == State.RETRYING:
         waits = "a retry message is queued" if queued else "no retry message queued yet"
-        out.append(Event(updated, "retrying", f"{tries}, last error: {error or '?'}; {waits}"))
+        out.append(Event(updated, "retrying", f"{tries}, last error: {error or '?'}; {waits}", run))
     elif state == State.FAILED:
-        out.append(Event(updated, "failed", f"for good after {tries}: {error or '?'}"))
+        out.append(Event(updated, "failed", f"for good after {tries}: {error or '?'}", run))
     elif owner is not None and lease_until is not None and int(lease_until) > now:
-        out.append(Event(updated, "claimed", f"a run holds it ({tries} before this one)"))
+        out.append(Event(updated, "claimed", f"a run holds it ({tries} before this one)", run))
     else:
         left = f"; last error: {error}" if error else ""
-        out.append(Event(updated, "pending", f"claimed once, not finished ({tries}{left})"))
+        out.append(Event(updated, "pending", f"claimed once, not finished ({tries}{left})", run))
     if mail_event in ("bounce", "complaint"):
         out.append(Event(updated, mail_event, "reported by the mail provider for this email"))
     return out

@@ -74,8 +74,8 @@ class Dashboard:
         return self.page(request, "index.html", "/api/live", jobs=jobs, depths=await _depths(rt))
 
     async def _job_row(self, job: Job) -> dict[str, Any]:
-        progress = await data.progress(self.runtime, job)
         last, running = await control.runs_now(self.runtime, job)
+        progress = await data.progress(self.runtime, job, _period_running(running))
         paused = await control.paused(self.runtime, job, progress.period)
         return {
             "name": job.name,
@@ -96,9 +96,9 @@ class Dashboard:
         for job in rt.jobs.values():
             if wanted and job.name != wanted:
                 continue
-            period = request.query_params.get("period") if wanted else None
-            p = await data.progress(rt, job, period)
             _, running = await control.runs_now(rt, job)
+            period = request.query_params.get("period") if wanted else _period_running(running)
+            p = await data.progress(rt, job, period)
             paused = await control.paused(rt, job, p.period)
             key = f"{job.name}/{p.period}" if wanted else job.name
             out[f"{key}.bar"] = {**p.to_json(), "paused": paused}
@@ -144,9 +144,7 @@ class Dashboard:
         except ValueError as exc:
             return PlainTextResponse(str(exc), status_code=400)
         entity_id = int(request.path_params["entity"])
-        told = await story.tell(
-            self.runtime, job, period, entity_id, runs_at=control.run_finder(self.runtime)
-        )
+        told = await story.tell(self.runtime, job, period, entity_id)
         return self.page(request, "entity.html", story=told.to_json())
 
     async def run_page(self, request: Request) -> Response:
@@ -235,6 +233,11 @@ def _back(request: Request, notice: str, to: str | None = None) -> Response:
     path = "/" + target.split("://", 1)[-1].split("/", 1)[-1] if "://" in target else target
     base = path.split("?", 1)[0]
     return RedirectResponse(f"{base}?{urlencode({'notice': notice})}", 303)
+
+
+def _period_running(running: list[dict[str, Any]]) -> str | None:
+    """The period the newest running run works on (None: none runs, or a worker's)."""
+    return next((str(r["period"]) for r in running if r["period"]), None)
 
 
 def _now_text(running: list[dict[str, Any]], paused: bool) -> str:

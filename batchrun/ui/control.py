@@ -1,8 +1,6 @@
-"""The dashboard's view of the run history and its steering (pause, resume, cancel).
-
-The run history (``batchrun_run``) and the pause/cancel flags are steer-core's; this module
-is the one place the dashboard reads and calls them.
-"""
+"""The dashboard's view of the run history and its steering: the one place it reads
+``batchrun_run`` (runtime/history.py) and pauses, resumes or cancels
+(runtime/control.py)."""
 
 from __future__ import annotations
 
@@ -11,39 +9,110 @@ from typing import Any
 from batchrun.errors import UsageError
 from batchrun.job import Job
 from batchrun.period import Period
+from batchrun.runtime.control import EVERY_PERIOD, Controls
+from batchrun.runtime.history import History, RunRow, iso
 from batchrun.runtime.runtime import Runtime
-from batchrun.runtime.story import RunFinder
+from batchrun.runtime.story import STATE_NAMES
+from batchrun.urls import mask_text
 
 ACTIONS = ("pause", "resume", "cancel")
+SHOWN_RUNS = 50
+SHOWN_PROBLEMS = 200
+
+
+def _history(rt: Runtime) -> History:
+    return History(rt.store.db, lease_s=rt.settings.lease_s)
+
+
+def _masked(rt: Runtime, text: str | None) -> str:
+    settings = rt.settings
+    return mask_text(text or "", settings.db_url, settings.mail_url, settings.retry_queue_url)
+
+
+def row_view(rt: Runtime, run: RunRow) -> dict[str, Any]:
+    """A run row as the pages show it."""
+    return {
+        "id": run.id,
+        "job": run.job or "(every job)",
+        "period": run.period or "",
+        "kind": run.kind,
+        "host": run.host,
+        "pid": run.pid,
+        "outcome": run.outcome,
+        "started": (iso(run.started_at) or "").replace("T", " ")[:19],
+        "when": (iso(run.ended_at or run.heartbeat_at) or "").replace("T", " ")[:19],
+        "took": f"{run.duration_s:.1f} s",
+        "counts": run.counts or {},
+        "error": _masked(rt, run.error),
+    }
 
 
 async def runs_now(rt: Runtime, job: Job) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """The job's last finished run and the runs going on now."""
-    return None, []
+    """The job's last run that is over, and its runs going on now."""
+    history = _history(rt)
+    last = (await history.last_per_job()).get(job.name)
+    running = [row_view(rt, r) for r in await history.running() if r.job == job.name]
+    return (row_view(rt, last) if last is not None else None), running
 
 
-async def runs_of(rt: Runtime, job: Job, limit: int = 50) -> list[dict[str, Any]]:
+async def runs_of(rt: Runtime, job: Job, limit: int = SHOWN_RUNS) -> list[dict[str, Any]]:
     """The job's runs, newest first."""
-    return []
+    return [row_view(rt, r) for r in await _history(rt).runs(job.name, limit=limit)]
 
 
 async def run(rt: Runtime, run_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-    """One run's row and the problems of its period, or None."""
-    return None
+    """One run's row and the entities of its period not done (with their reasons)."""
+    found = await _history(rt).get(run_id)
+    if found is None:
+        return None
+    view = row_view(rt, found)
+    view["fields"] = [
+        ("kind", found.kind),
+        ("host", found.host),
+        ("pid", found.pid),
+        ("version", found.version),
+        ("started", iso(found.started_at)),
+        ("last heartbeat", iso(found.heartbeat_at)),
+        ("ended", iso(found.ended_at) or ""),
+        ("took", view["took"]),
+        ("exit code", "" if found.exit_code is None else found.exit_code),
+        ("error", view["error"]),
+    ]
+    problems: list[dict[str, Any]] = []
+    if found.job is not None and found.period is not None:
+        counts = await rt.store.status(job=found.job, period=found.period, problems=SHOWN_PROBLEMS)
+        problems = [
+            {
+                "id": uid,
+                "state": STATE_NAMES.get(state, str(state)),
+                "attempts": attempts,
+                "reason": reason or "",
+            }
+            for uid, state, attempts, reason in counts.problems
+        ]
+    return view, problems
 
 
 async def paused(rt: Runtime, job: Job, period: str) -> bool:
-    """Whether the job's period is paused."""
+    """Whether the job's period (or every period of the job) is paused."""
+    for row in await Controls(rt.store.db).rows():
+        if row.job == job.name and row.paused and row.period in (EVERY_PERIOD, period):
+            return True
     return False
 
 
-def run_finder(rt: Runtime) -> RunFinder | None:
-    """The run history's look-up of the run going on at a moment, if there is a history."""
-    return None
-
-
 async def steer(rt: Runtime, job: Job, period: Period, action: str, reason: str | None) -> str:
-    """Pause, resume or cancel the job's period; the line to show."""
-    if action not in ACTIONS:
-        raise UsageError(f"unknown action {action!r}")
-    raise UsageError(f"{action} is not available in this build")
+    """Pause, resume or cancel the job's period; the line the page shows."""
+    controls = Controls(rt.store.db)
+    which = str(period)
+    if action == "pause":
+        await controls.pause(job.name, which, reason or "from the dashboard")
+        return f"{job.name} {which} paused: running processes hold at their next heartbeat"
+    if action == "resume":
+        if await controls.resume(job.name, which) or await controls.resume(job.name):
+            return f"{job.name} {which} resumed"
+        return f"{job.name} {which} was not paused"
+    if action == "cancel":
+        await controls.cancel(job.name, which)
+        return f"{job.name} {which} cancelled: the runs going on now stop at their next heartbeat"
+    raise UsageError(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")

@@ -3,7 +3,8 @@
 -- only narrow the scan (a superset), the caller parses each body to be sure.
 
 -- name: story_ledger
-SELECT period, state, attempts, owner, lease_until, queued, last_error, updated_at, mail_event
+SELECT period, state, attempts, owner, lease_until, queued, last_error, updated_at, mail_event,
+  run_id
 FROM batchrun_ledger
 WHERE job = :job AND once_key = :once AND entity_id = :id;
 
