@@ -17,6 +17,7 @@ from batchrun import metrics
 from batchrun.cli import app
 from batchrun.db import Store
 from batchrun.period import parse
+from batchrun.runtime.history import History
 
 JUNE = parse("month", "2025-06")
 
@@ -119,3 +120,33 @@ def test_textfile_is_replaced_whole(sqlite_url: str, tmp_path: Path) -> None:
         app, ["metrics", "--textfile", str(tmp_path / "no" / "x.prom")], env=env
     )
     assert missing.exit_code == 2 and "no folder" in missing.output
+
+
+async def test_last_run_gauges_come_from_the_history(store: Store, db_url: str) -> None:
+    history = History(store.db, lease_s=2.0)
+    ok = await history.start(kind="run", job="birthday", period="2025-06")
+    await history.end(ok, exit_code=0, outcome="ok", counts={})
+    failed = await history.start(kind="run", job="birthday", period="2025-07")
+    await history.end(failed, exit_code=1, outcome="failed", counts={}, error="boom")
+    await history.start(kind="run", job="birthday", period="2025-08")  # still running
+    got = samples(
+        metrics.render(
+            await metrics.collect(store, None, last_runs=await metrics.last_runs(store))
+        ).decode()
+    )
+    rows = {
+        int(r[0]): (int(r[1]), int(r[2]))
+        for r in query(
+            db_url, "SELECT id, started_at, ended_at FROM batchrun_run WHERE ended_at IS NOT NULL"
+        )
+    }
+    key = "batchrun_last_run_timestamp_seconds"
+    assert got[(key, (("job", "birthday"), ("outcome", "ok")))] == rows[ok][1] / 1000
+    assert got[(key, (("job", "birthday"), ("outcome", "failed")))] == rows[failed][1] / 1000
+    assert not any(k[0] == key and ("outcome", "running") in k[1] for k in got)
+    assert (
+        got[("batchrun_last_success_timestamp_seconds", (("job", "birthday"),))]
+        == rows[ok][1] / 1000
+    )
+    took = (rows[failed][1] - rows[failed][0]) / 1000
+    assert got[("batchrun_run_duration_seconds", (("job", "birthday"),))] == took

@@ -18,6 +18,7 @@ from batchrun.cli import app
 from batchrun.db import Store
 from batchrun.period import parse
 from batchrun.runtime import story
+from batchrun.runtime.history import History
 
 JUNE = parse("month", "2025-06")
 
@@ -149,3 +150,28 @@ def test_why_cli_json_and_lines(sqlite_url: str, tmp_path: Path) -> None:
     assert done.exit_code == 2 and "unknown job 'nosuchjob'" in done.output, done.output
     done = invoke("why", "birthday", "1", "--period", "2025-13", env=env)
     assert done.exit_code == 2 and "2025-13" in done.output, done.output
+
+
+async def test_each_step_names_its_run(
+    db_url: str, store: Store, make_job: Callable[..., Any], smtp_server: SmtpTestServer
+) -> None:
+    rt = await make_job(db_url, mail_url=smtp_server.url)
+    await seed_users(rt.store, 150, seed=6)
+    (first, _), (second, address), *_ = june_users(db_url)
+    smtp_server.set_policy(fail_recipients({address: "451 4.3.0 Try again later"}))
+    history = History(rt.store.db, lease_s=rt.settings.lease_s)
+    run_id = await history.start(kind="run", job="birthday", period="2025-06")
+    await rt.run(JUNE)
+    await history.end(run_id, exit_code=3, outcome="retrying", counts={})
+    later = await history.start(kind="retry", job=None, period=None)  # a drain, not the run
+
+    told = await story.tell(rt, rt.job, JUNE, first)
+    assert next(e for e in told.events if e.what == "sent").run_id == run_id
+    told = await story.tell(rt, rt.job, JUNE, second)
+    assert next(e for e in told.events if e.what == "retrying").run_id == run_id
+    assert next(e for e in told.events if e.what == "retry message waiting").run_id == run_id
+    assert next(e for e in told.events if e.what == "eligible now").run_id is None
+    # The ledger's own run_id (the run that claimed the entity) wins over the times.
+    query(db_url, "UPDATE batchrun_ledger SET run_id = %s WHERE entity_id = %s", later, first)
+    told = await story.tell(rt, rt.job, JUNE, first)
+    assert next(e for e in told.events if e.what == "sent").run_id == later
