@@ -64,6 +64,11 @@ clean:
 email-picture: install  ## docs/birthday-email.png, the README's picture of the default email (needs chromium)
 	$(BIN)/python docs/email_picture.py
 
+.PHONY: dashboard-picture
+
+dashboard-picture: install  ## docs/dashboard.png, the README's picture of `batchrun ui` during a run (needs chromium and chromium-driver)
+	$(BIN)/python docs/dashboard_picture.py
+
 .PHONY: bench bench-quick bench-migrate
 
 bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling, then bench-migrate (MariaDB on 127.0.0.1:3306)
