@@ -24,6 +24,7 @@ from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.period import parse
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.runtime import Runtime
+from batchrun.runtime.history import History
 from batchrun.settings import Settings
 from batchrun.ui.security import bind_error, is_loopback
 
@@ -219,3 +220,45 @@ def test_ui_refuses_another_host_without_a_token(sqlite_url: str) -> None:
     )
     assert result.exit_code == 2, result.output
     assert result.output.strip().count("\n") == 0 and "BATCHRUN_UI_TOKEN" in result.output
+
+
+async def test_runs_and_steering_through_the_pages(settings: Settings, db_url: str) -> None:
+    facts = await prepare(settings)
+    database = await connect(settings.db_url)
+    try:
+        history = History(database, lease_s=settings.lease_s)
+        run_id = await history.start(kind="run", job="birthday", period="2025-06")
+        counts = {"eligible": 17, "succeeded": facts["sent"], "dead_lettered": 1}
+        await history.end(run_id, exit_code=0, outcome="ok", counts=counts, error=None)
+    finally:
+        await database.close()
+    async with client_of(make_app(settings)) as client:
+        index = (await client.get("/")).text
+        assert f'href="/runs/{run_id}"' in index and ">ok<" in index
+        job = (await client.get("/jobs/birthday")).text
+        assert f"#{run_id}" in job
+        page = await client.get(f"/runs/{run_id}")
+        assert page.status_code == 200
+        assert "dead_lettered" in page.text and "550 5.1.1 no such user" in page.text
+        assert f"/jobs/birthday/entities/{facts['first']}?period=2025-06" in page.text
+        assert (await client.get("/runs/999999")).status_code == 404
+
+        token = csrf_of(index)
+        for action, paused in (("pause", 1), ("resume", 0)):
+            done = await client.post(
+                f"/jobs/birthday/{action}", data={"csrf": token, "period": "2025-06"}
+            )
+            assert done.status_code == 303, done.text
+            rows = query(db_url, "SELECT paused FROM batchrun_control WHERE job = 'birthday'")
+            assert rows == [(paused,)], action
+            if paused:
+                assert "Resume" in (await client.get("/")).text
+        done = await client.post("/jobs/birthday/cancel", data={"csrf": token, "period": "2025-06"})
+        assert done.status_code == 303
+        rows = query(db_url, "SELECT cancelled_at FROM batchrun_control WHERE job = 'birthday'")
+        assert rows[0][0] is not None
+        assert (
+            await client.post("/jobs/birthday/pause", data={"period": "2025-06"})
+        ).status_code == 403
+        bad = await client.post("/jobs/birthday/explode", data={"csrf": token})
+        assert bad.status_code == 303 and "unknown+action" in bad.headers["location"]
