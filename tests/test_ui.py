@@ -262,3 +262,17 @@ async def test_runs_and_steering_through_the_pages(settings: Settings, db_url: s
         ).status_code == 403
         bad = await client.post("/jobs/birthday/explode", data={"csrf": token})
         assert bad.status_code == 303 and "unknown+action" in bad.headers["location"]
+
+
+async def test_a_foreign_host_header_is_refused_without_a_token(
+    sqlite_url: str, make_settings: Any
+) -> None:
+    settings = make_settings(sqlite_url)
+    await prepare(settings, fail_one=False)
+    async with client_of(make_app(settings)) as client:
+        assert (await client.get("/", headers={"host": "evil.example"})).status_code == 403
+        assert (await client.get("/", headers={"host": "localhost:8765"})).status_code == 200
+        assert (await client.get("/", headers={"host": "[::1]:8765"})).status_code == 200
+        page = await client.get("/")
+        assert page.headers["x-frame-options"] == "DENY"
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]

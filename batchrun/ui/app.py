@@ -32,6 +32,14 @@ from batchrun.urls import mask_url
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 STATES = ("pending", "sent", "skipped", "retrying", "failed")
 MAX_FORM = 16 * 1024
+# No framing (clickjacking), nothing loaded from elsewhere: the pages' own style and script.
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; style-src 'unsafe-inline'; "
+    "script-src 'unsafe-inline'; frame-ancestors 'none'; form-action 'self'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
 
 RuntimeFactory = Callable[[], contextlib.AbstractAsyncContextManager[Runtime]]
 
@@ -179,9 +187,9 @@ class Dashboard:
         form = await _form(request)
         job = self.job(request.path_params["job"])
         action = request.path_params["action"]
-        period = form.get("period") or None
+        period = form.get("period") or None  # none: every period of the job
         try:
-            which = data.period_of(job, period)
+            which = data.period_of(job, period) if period else None
             done = await control.steer(self.runtime, job, which, action, form.get("reason"))
         except (ValueError, BatchrunError) as exc:
             return _back(request, f"{action} failed: {exc}")
@@ -264,6 +272,8 @@ class _Gate(BaseHTTPMiddleware):
 
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
         board = self.dashboard
+        if not board.guard.host_ok(request.headers.get("host", "")):
+            return PlainTextResponse("unexpected Host header", status_code=403)
         if request.url.path != "/login" and not board.guard.allowed(request):
             if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
                 return RedirectResponse("/login", 303)
@@ -274,7 +284,9 @@ class _Gate(BaseHTTPMiddleware):
             form = await _form(request)
             if not board.guard.csrf_ok(form.get("csrf")):
                 return PlainTextResponse("missing or wrong CSRF token", status_code=403)
-        return await call_next(request)
+        response = await call_next(request)
+        response.headers.update(HEADERS)
+        return response
 
 
 def create_app(open_runtime: RuntimeFactory, *, token: str | None, read_only: bool) -> Starlette:

@@ -101,18 +101,21 @@ async def paused(rt: Runtime, job: Job, period: str) -> bool:
     return False
 
 
-async def steer(rt: Runtime, job: Job, period: Period, action: str, reason: str | None) -> str:
-    """Pause, resume or cancel the job's period; the line the page shows."""
+async def steer(
+    rt: Runtime, job: Job, period: Period | None, action: str, reason: str | None
+) -> str:
+    """Pause, resume or cancel the job's period (None: every period of the job); the line
+    the page shows."""
     controls = Controls(rt.store.db)
-    which = str(period)
+    which = None if period is None else str(period)
+    what = f"{job.name} {which}" if which else job.name
     if action == "pause":
         await controls.pause(job.name, which, reason or "from the dashboard")
-        return f"{job.name} {which} paused: running processes hold at their next heartbeat"
+        return f"{what} paused: running processes hold at their next heartbeat"
     if action == "resume":
-        if await controls.resume(job.name, which) or await controls.resume(job.name):
-            return f"{job.name} {which} resumed"
-        return f"{job.name} {which} was not paused"
+        resumed = await controls.resume(job.name, which)
+        return f"{what} resumed" if resumed else f"{what} was not paused"
     if action == "cancel":
         await controls.cancel(job.name, which)
-        return f"{job.name} {which} cancelled: the runs going on now stop at their next heartbeat"
+        return f"{what} cancelled: the runs going on now stop at their next heartbeat"
     raise UsageError(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")

@@ -4,6 +4,7 @@
   ``BATCHRUN_UI_TOKEN``, or the dashboard refuses to start (``bind_error``).
 - With a token set, every request carries it: ``Authorization: Bearer TOKEN``, or the
   cookie the login form sets (an HMAC of the token, never the token itself).
+- Without a token, a request must name a loopback Host (no DNS rebinding).
 - Every POST carries the process's CSRF token in its form (``csrf``): a page of another
   origin cannot read it, so it cannot make a browser post for it.
 """
@@ -67,6 +68,16 @@ class Guard:
             return True
         cookie = request.cookies.get(COOKIE, "")
         return bool(cookie) and hmac.compare_digest(cookie, self.session_value())
+
+    def host_ok(self, host: str) -> bool:
+        """Without a token, only a loopback Host: a page of another site whose name is made
+        to resolve to 127.0.0.1 (DNS rebinding) is not served."""
+        if self.token is not None:
+            return True
+        name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+        if name.startswith("[") and "]" in name:
+            name = name[1 : name.index("]")]
+        return is_loopback(name)
 
     def csrf_ok(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given.encode(), self.csrf.encode())
