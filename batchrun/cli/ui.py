@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -86,7 +87,30 @@ def ui(
     web = create_app(open_runtime, token=token, read_only=read_only)
     config = uvicorn.Config(web, host=host, port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
+    refused = _cannot_listen(host, port)
+    if refused is not None:
+        stderr.print(f"[red]error:[/] cannot listen on {host}:{port}: {refused}", highlight=False)
+        raise typer.Exit(1)
     stderr.print(f"batchrun ui on http://{host}:{port}/", highlight=False)
-    server.run()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's own exit (it logged why): a fatal error here
+        raise typer.Exit(1) from None
     if not server.started:
         raise typer.Exit(1)
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be listened on now (in use, no such address), or None."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return str(exc.strerror or exc)
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return str(exc.strerror or exc).lower()
+    return None
