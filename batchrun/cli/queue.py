@@ -13,6 +13,7 @@ from batchrun.backends import open_backends, open_queue
 from batchrun.cli.app import Context, app, rate_option, run_command, stderr
 from batchrun.cli.output import ASKED, table
 from batchrun.runtime import Options
+from batchrun.runtime.runrecord import RunRecord
 
 
 @app.command("worker")
@@ -85,13 +86,17 @@ def worker(
                     )
                 try:
                     options = Options(concurrency=concurrency, rate=pace, handoff=True)
-                    result = await context.runtime(backends, stop).serve(
-                        consumed,
-                        options,
-                        prefetch=prefetch,
-                        visibility_s=visibility,
-                        idle_exit_s=idle_exit,
-                    )
+                    runtime = context.runtime(backends, stop)
+                    async with RunRecord(runtime, kind="worker") as record:
+                        options.on_progress = record.progress()
+                        result = await runtime.serve(
+                            consumed,
+                            options,
+                            prefetch=prefetch,
+                            visibility_s=visibility,
+                            idle_exit_s=idle_exit,
+                        )
+                        await record.end(0, result.to_json())
                 finally:
                     if consumed is not backends.queue:
                         await consumed.close()
@@ -142,9 +147,14 @@ def retry(
                 concurrency=concurrency,
                 jobs=[e.job for e in registry.values()],
             ) as backends:
-                result = await context.runtime(backends, stop).retry(
-                    Options(concurrency=concurrency, rate=pace), max_messages=max_messages
-                )
+                runtime = context.runtime(backends, stop)
+                async with RunRecord(runtime, kind="retry") as record:
+                    options = Options(
+                        concurrency=concurrency, rate=pace, on_progress=record.progress()
+                    )
+                    result = await runtime.retry(options, max_messages=max_messages)
+                    code = 130 if stop.stopping else result.exit_code
+                    await record.end(code, result.to_json(), stopped=stop.reason)
         finally:
             uninstall()
         if as_json:
@@ -157,8 +167,7 @@ def retry(
                 f"stopped ({stop.reason}); {result.remaining} messages left for the next retry",
                 highlight=False,
             )
-            return 130
-        return result.exit_code
+        return code
 
     run_command(ctx, go)
 

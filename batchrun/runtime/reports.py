@@ -45,6 +45,7 @@ class Summary(_Report):
     duration_s: float = 0.0
     counters: dict[str, int] = field(default_factory=dict)  # the job's ctx.count names
     month: str | None = None  # a month job's period, under the name batchrun 0.1 used
+    paused: bool = False  # the job was paused (`batchrun pause`): the run did nothing
 
     @property
     def exit_code(self) -> int:
@@ -66,6 +67,8 @@ class Summary(_Report):
         counters = data.pop("counters")
         if data["month"] is None:
             del data["month"]
+        if not data["paused"]:
+            del data["paused"]  # shown only when true
         data.update(counters)
         return data
 

@@ -23,6 +23,7 @@ from batchrun.job import Context, Job
 from batchrun.mail.base import valid_address
 from batchrun.period import Period
 from batchrun.queue.base import QueueMessage
+from batchrun.runtime.history import CANCELLED
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.outcomes import Outcome
 from batchrun.runtime.pager import LoadGate, Pager, page, unfinished
@@ -92,7 +93,9 @@ async def run_period(
         return summary
     stop = rt.stop.child()  # a breaker stops this run, not a worker serving many
     try:
-        async with Lease(rt.store, lease_s=rt.settings.lease_s, stop=stop) as lease:
+        async with Lease(
+            rt.store, lease_s=rt.settings.lease_s, stop=stop, steering=rt.steering
+        ) as lease:
             await _run(rt, job, period, options, summary, lease, after, until)
             summary.lost_claims = lease.lost_claims
     finally:
@@ -187,7 +190,7 @@ async def _run(
         if stop.stopping and summary.stopped is None:
             summary.stopped = stop.reason or "stopped"
         if (breaker.open and options.breaker_handoff) or (
-            stop.stopping and not breaker.open and options.handoff
+            stop.stopping and not breaker.open and options.handoff and stop.reason != CANCELLED
         ):
             await _hand_off(rt, job, period, options, summary, pager, released, until)
     finally:

@@ -21,9 +21,10 @@ from batchrun.queue.base import QueueMessage, Received, RetryQueue
 from batchrun.ratelimit import AdaptiveRate
 from batchrun.runtime import consume, inspect, preflight
 from batchrun.runtime.consume import Verdict
+from batchrun.runtime.control import Steering
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.reports import FanOut, RetrySummary, Summary
-from batchrun.runtime.run import Options, run_period
+from batchrun.runtime.run import Options, new_summary, run_period
 from batchrun.runtime.sending import CircuitBreaker, Sender, make_limiter
 from batchrun.settings import Settings
 from batchrun.urls import scheme_of
@@ -73,6 +74,7 @@ class Runtime:
         self.breaker = CircuitBreaker(settings.breaker_threshold)
         self._warned_unsubscribe = False
         self._checked: list[object] = []  # the backends preflight found usable
+        self.steering = Steering()  # pause / cancel, read at each heartbeat (RunRecord)
 
     @property
     def job(self) -> Job:
@@ -170,10 +172,23 @@ class Runtime:
         """Run ``job`` (default: the first) over ``period``, ids in (after, until]."""
         which = self._job(job)
         if not dry_run:
+            if await self._paused(which, period):
+                return paused_summary(which, period)
             await self.preflight(which)
         return await run_period(
             self, which, period, options or Options(), dry_run=dry_run, after=after, until=until
         )
+
+    async def _paused(self, job: Job, period: Period) -> bool:
+        """Whether ``batchrun pause`` holds ``job``'s ``period`` now (read afresh)."""
+        await self.steering.refresh(self.store.db)
+        held = self.steering.paused(job.name, str(period))
+        if held is not None:
+            why = f" ({held.reason})" if held.reason else ""
+            log.warning(
+                "%s %s is paused%s: nothing done (`batchrun resume`)", job.name, period, why
+            )
+        return held is not None
 
     def _job(self, job: Job | str | None) -> Job:
         if job is None:
@@ -391,6 +406,13 @@ class Runtime:
             for scope, ids in by_scope.items():
                 await self.store.mark_queued(scope, ids)
             total += len(rows)
+
+
+def paused_summary(job: Job, period: Period) -> Summary:
+    """The summary of a run that found its job paused: nothing claimed, exit 0."""
+    summary = new_summary(job, period, False)
+    summary.paused = True
+    return summary
 
 
 def _count(result: RetrySummary, verdict: Verdict) -> None:
