@@ -4,10 +4,20 @@ the ledger's run_id (see DESIGN.md, "See and steer")."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import birthday_scope, query, seed
 
 from batchrun.db import Store
+from batchrun.period import parse
+from batchrun.runtime import Runtime
 from batchrun.runtime.control import Controls, Steering
 from batchrun.runtime.history import History, iso, outcome_of
+from batchrun.runtime.runrecord import RunRecord
+
+JUNE = parse("month", "2025-06")
 
 
 async def test_a_row_is_started_beaten_and_ended(store: Store) -> None:
@@ -95,3 +105,39 @@ async def test_control_rows_pause_resume_cancel(store: Store) -> None:
     assert before.stopping and before.reason == "cancelled"
     assert not after.stopping, "a cancel ends the runs going on, not later ones"
     done()
+
+
+async def test_a_run_records_its_run_on_the_ledger(
+    db_url: str, make_job: Callable[..., Any], store: Store
+) -> None:
+    await seed(store, 300)
+    rt: Runtime = await make_job(db_url)
+    async with RunRecord(rt, kind="run", job="birthday", period="2025-06") as record:
+        summary = await rt.run(JUNE)
+        await record.end(summary.exit_code, summary.to_json())
+    assert record.run_id is not None
+    scope = birthday_scope()
+    rows = query(
+        db_url,
+        "SELECT DISTINCT run_id FROM batchrun_ledger WHERE job = %s AND once_key = %s",
+        scope.job,
+        scope.once,
+    )
+    assert rows == [(record.run_id,)]
+    history = History(rt.store.db, lease_s=60)
+    row = await history.get(record.run_id)
+    assert row is not None and row.outcome == "ok" and row.exit_code == 0
+    assert row.counts is not None and row.counts["emails_sent"] == summary.emails_sent > 0
+
+
+@pytest.mark.parametrize("paused_period", [None, "2025-06"])
+async def test_a_run_started_while_paused_claims_nothing(
+    db_url: str, make_job: Callable[..., Any], store: Store, paused_period: str | None
+) -> None:
+    await seed(store, 100)
+    await Controls(store.db).pause("birthday", paused_period)
+    rt: Runtime = await make_job(db_url)
+    summary = await rt.run(JUNE)
+    assert summary.to_json()["paused"] is True
+    assert summary.exit_code == 0 and summary.eligible == 0
+    assert query(db_url, "SELECT COUNT(*) FROM batchrun_ledger") == [(0,)]

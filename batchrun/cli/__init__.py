@@ -5,6 +5,8 @@ jobs.py    birthday, run, jobs, submit, preview
 queue.py   retry, worker
 dead.py    dead list / redrive / purge
 status.py  status
+runs.py    runs, and status with no job (the overview)
+steer.py   pause, resume, cancel
 why.py     why (one entity's story)
 metrics.py metrics (Prometheus text)
 ui.py      ui (the dashboard, batchrun[ui])
@@ -19,7 +21,20 @@ import sys
 
 import typer
 
-from batchrun.cli import db, dead, events, jobs, metrics, queue, status, suppress, ui, why
+from batchrun.cli import (
+    db,
+    dead,
+    events,
+    jobs,
+    metrics,
+    queue,
+    runs,
+    status,
+    steer,
+    suppress,
+    ui,
+    why,
+)
 from batchrun.cli.app import app, quiet_help_flags, reflow_help
 
 try:  # typer 0.2x vendors click; older releases use click itself
@@ -36,7 +51,9 @@ __all__ = [
     "main",
     "metrics",
     "queue",
+    "runs",
     "status",
+    "steer",
     "suppress",
     "ui",
     "why",

@@ -14,6 +14,7 @@ from batchrun.backends import open_backends, open_queue
 from batchrun.cli.app import Context, app, rate_option, run_command, stderr
 from batchrun.cli.output import ASKED, table
 from batchrun.runtime import Options, RetrySummary
+from batchrun.runtime.runrecord import RunRecord
 
 
 @app.command("worker")
@@ -86,13 +87,18 @@ def worker(
                     )
                 try:
                     options = Options(concurrency=concurrency, rate=pace, handoff=True)
-                    result = await context.runtime(backends, stop).serve(
-                        consumed,
-                        options,
-                        prefetch=prefetch,
-                        visibility_s=visibility,
-                        idle_exit_s=idle_exit,
-                    )
+                    runtime = context.runtime(backends, stop)
+                    async with RunRecord(runtime, kind="worker") as record:
+                        options.on_progress = record.progress()
+                        result = await runtime.serve(
+                            consumed,
+                            options,
+                            prefetch=prefetch,
+                            visibility_s=visibility,
+                            idle_exit_s=idle_exit,
+                        )
+                        code = 1 if result.error is not None or result.unknown_job else 0
+                        await record.end(code, result.to_json())
                 finally:
                     if consumed is not backends.queue:
                         await consumed.close()
@@ -143,9 +149,14 @@ def retry(
                 concurrency=concurrency,
                 jobs=[e.job for e in registry.values()],
             ) as backends:
-                result = await context.runtime(backends, stop).retry(
-                    Options(concurrency=concurrency, rate=pace), max_messages=max_messages
-                )
+                runtime = context.runtime(backends, stop)
+                async with RunRecord(runtime, kind="retry") as record:
+                    options = Options(
+                        concurrency=concurrency, rate=pace, on_progress=record.progress()
+                    )
+                    result = await runtime.retry(options, max_messages=max_messages)
+                    code = 130 if stop.stopping else result.exit_code
+                    await record.end(code, result.to_json(), stopped=stop.reason)
         finally:
             uninstall()
         if as_json:
@@ -158,9 +169,9 @@ def retry(
                 f"stopped ({stop.reason}); {result.remaining} messages left for the next retry",
                 highlight=False,
             )
-            return 130
-        _say_unknown(result)
-        return result.exit_code
+        else:
+            _say_unknown(result)
+        return code
 
     run_command(ctx, go)
 

@@ -11,6 +11,7 @@ from rich.table import Table
 from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, period_option, run_command, stdout
 from batchrun.cli.output import STATE_NAMES, table
+from batchrun.cli.runs import overview, print_overview
 
 SHOWN = 50
 
@@ -18,7 +19,10 @@ SHOWN = 50
 @app.command("status")
 def status(
     ctx: typer.Context,
-    job: Annotated[str, typer.Argument(help="The job's name.")] = "birthday",
+    job: Annotated[
+        str | None,
+        typer.Argument(help="The job's name; none: every job's last and current runs."),
+    ] = None,
     period: Annotated[
         str | None, typer.Option("--period", help="The job's period; default: now (UTC).")
     ] = None,
@@ -35,11 +39,27 @@ def status(
         bool, typer.Option("--json", metavar="", help="Print one JSON object.")
     ] = False,
 ) -> None:
-    """Done, pending, skipped and failed entities of JOB's period, queue and dead-letter depths."""
+    """Done, pending, skipped and failed entities of JOB's period, queue and dead-letter depths.
+
+    With no job and no period: every job's last run (when, how long, outcome, counts), what
+    runs now (host, pid, progress), which jobs are paused, and the queue depths. `--month`
+    alone is the birthday job's month, as before.
+
+    \b
+    Examples:
+      batchrun status
+      batchrun status birthday --month 2025-06
+      batchrun status renewal --period 2025-06-01 --json
+    """
     context: Context = ctx.obj
     settings = context.settings
+    if job is None and period is None and month is None:
+        run_command(ctx, lambda: _overview(context, as_json))
+        return
+    name = job or "birthday"
 
     async def go() -> int:
+        job = name
         entry = context.registry.entry(job)
         unit = entry.job.period
         which = period_option(unit, period or month, "--period" if period else "--month")
@@ -89,3 +109,12 @@ def status(
         return 0
 
     run_command(ctx, go)
+
+
+async def _overview(context: Context, as_json: bool) -> int:
+    data = await overview(context)
+    if as_json:
+        print(json.dumps(data))
+    else:
+        print_overview(data)
+    return 0

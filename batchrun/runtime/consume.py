@@ -86,6 +86,12 @@ async def process(
             continue
         job = rt.jobs[message.job]
         period = parse_period(job.period, message.period)
+        if rt.steering.paused(message.job, message.period) is not None:
+            # `batchrun pause`: no new work on the job; the message waits on the queue.
+            verdicts[item.message_id] = Verdict(
+                "later", "paused", delay_s=rt.settings.lease_s, counted=False
+            )
+            continue
         if message.kind in ("continuation", "shard"):
             log.info(
                 "%s of %s %s: ids (%d, %d]",
@@ -144,7 +150,9 @@ async def _entities(
     opened, and the claims lost."""
     stop = rt.stop.child()
     try:
-        async with Lease(rt.store, lease_s=rt.settings.lease_s, stop=stop) as lease:
+        async with Lease(
+            rt.store, lease_s=rt.settings.lease_s, stop=stop, steering=rt.steering
+        ) as lease:
             limiter = await rt.retry_limiter(options)
             ctx, _ = rt.context(job, period, lease=lease, stop=stop, limiter=limiter)
             scope = Scope(job.name, str(ctx.once), str(period))

@@ -11,6 +11,7 @@ from batchrun.errors import UsageError
 from batchrun.job import Context, Job, Skip
 from batchrun.mail.message import Message
 from batchrun.period import Period
+from batchrun.runtime.history import History
 from batchrun.runtime.pager import recheck
 from batchrun.runtime.sending import Sender
 
@@ -38,6 +39,10 @@ async def status(rt: Runtime, which: Job, period: Period, *, problems: int) -> d
     """The ledger's counts for the job's period, the job's own (``Job.status``), and the
     first ``problems`` entities not done."""
     counts = await rt.store.status(job=which.name, period=str(period), problems=problems)
+    history = History(rt.store.db, lease_s=rt.settings.lease_s)
+    # claimed: held by a live run; the rest of the unfinished claims a stopped or dead run
+    # left (the next run takes them at once, or when their lease has passed)
+    stale = min(counts.claimed, await history.stale_claims(job=which.name, period=str(period)))
     ctx = Context(
         which,
         period,
@@ -51,7 +56,8 @@ async def status(rt: Runtime, which: Job, period: Period, *, problems: int) -> d
         "skipped": counts.skipped,
         "retrying": counts.retrying,
         "failed_permanent": counts.failed_permanent,
-        "claimed": counts.claimed,
+        "claimed": counts.claimed - stale,
+        "claimed_by_stopped_run": stale,
         "bounces": counts.bounces,
         "complaints": counts.complaints,
         **await which.status(ctx),

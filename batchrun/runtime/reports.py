@@ -46,6 +46,7 @@ class Summary(_Report):
     counters: dict[str, int] = field(default_factory=dict)  # the job's ctx.count names
     month: str | None = None  # a month job's period, under the name batchrun 0.1 used
     error: str | None = None  # why the run ended on an error (a bug in the job), one line
+    paused: bool = False  # the job was paused (`batchrun pause`): the run did nothing
 
     @property
     def exit_code(self) -> int:
@@ -72,6 +73,8 @@ class Summary(_Report):
             del data["month"]
         if data["error"] is None:
             del data["error"]
+        if not data["paused"]:
+            del data["paused"]  # shown only when true
         data.update(counters)
         return data
 

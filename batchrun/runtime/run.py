@@ -24,6 +24,7 @@ from batchrun.mail.base import valid_address
 from batchrun.period import Period
 from batchrun.queue.base import QueueMessage
 from batchrun.runtime.bugs import BugStreak
+from batchrun.runtime.history import CANCELLED
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.outcomes import Outcome
 from batchrun.runtime.pager import LoadGate, Pager, page, unfinished
@@ -93,7 +94,9 @@ async def run_period(
         return summary
     stop = rt.stop.child()  # a breaker stops this run, not a worker serving many
     try:
-        async with Lease(rt.store, lease_s=rt.settings.lease_s, stop=stop) as lease:
+        async with Lease(
+            rt.store, lease_s=rt.settings.lease_s, stop=stop, steering=rt.steering
+        ) as lease:
             await _run(rt, job, period, options, summary, lease, after, until)
             summary.lost_claims = lease.lost_claims
     finally:
@@ -195,7 +198,7 @@ async def _run(
             summary.stopped = stop.reason or "stopped"
         if bugs.tripped is None and (
             (breaker.open and options.breaker_handoff)
-            or (stop.stopping and not breaker.open and options.handoff)
+            or (stop.stopping and not breaker.open and options.handoff and stop.reason != CANCELLED)
         ):
             await _hand_off(rt, job, period, options, summary, pager, released, until)
     finally:

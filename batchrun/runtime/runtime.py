@@ -22,10 +22,11 @@ from batchrun.ratelimit import AdaptiveRate
 from batchrun.runtime import consume, inspect, preflight
 from batchrun.runtime.bugs import BugStreak
 from batchrun.runtime.consume import Verdict
+from batchrun.runtime.control import Steering
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.pager import recheck
 from batchrun.runtime.reports import FanOut, RetrySummary, Summary
-from batchrun.runtime.run import Options, run_period
+from batchrun.runtime.run import Options, new_summary, run_period
 from batchrun.runtime.sending import CircuitBreaker, Sender, make_limiter
 from batchrun.settings import Settings
 from batchrun.urls import scheme_of
@@ -77,6 +78,7 @@ class Runtime:
         self.bugs = BugStreak(settings.bug_threshold)
         self._warned_unsubscribe = False
         self._checked: list[object] = []  # the backends preflight found usable
+        self.steering = Steering()  # pause / cancel, read at each heartbeat (RunRecord)
 
     @property
     def job(self) -> Job:
@@ -181,10 +183,23 @@ class Runtime:
         which = self._job(job)
         self.compile_templates(which)
         if not dry_run:
+            if await self._paused(which, period):
+                return paused_summary(which, period)
             await self.preflight(which)
         return await run_period(
             self, which, period, options or Options(), dry_run=dry_run, after=after, until=until
         )
+
+    async def _paused(self, job: Job, period: Period) -> bool:
+        """Whether ``batchrun pause`` holds ``job``'s ``period`` now (read afresh)."""
+        await self.steering.refresh(self.store.db)
+        held = self.steering.paused(job.name, str(period))
+        if held is not None:
+            why = f" ({held.reason})" if held.reason else ""
+            log.warning(
+                "%s %s is paused%s: nothing done (`batchrun resume`)", job.name, period, why
+            )
+        return held is not None
 
     def _job(self, job: Job | str | None) -> Job:
         if job is None:
@@ -431,6 +446,13 @@ class Runtime:
             for scope, ids in by_scope.items():
                 await self.store.mark_queued(scope, ids)
             total += len(rows)
+
+
+def paused_summary(job: Job, period: Period) -> Summary:
+    """The summary of a run that found its job paused: nothing claimed, exit 0."""
+    summary = new_summary(job, period, False)
+    summary.paused = True
+    return summary
 
 
 def _count(result: RetrySummary, verdict: Verdict) -> None:
