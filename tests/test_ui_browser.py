@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,25 @@ def live_number(driver: Any, key: str) -> int:
     return int(text.split("/")[0].strip() or 0)
 
 
+def live_text(driver: Any, key: str) -> str:
+    return str(driver.find_element(By.CSS_SELECTOR, f'[data-live="{key}"]').text)
+
+
+def press(driver: Any, label: str) -> None:
+    """Click the jobs page's button ``label`` and wait for the page it leads to."""
+    button = driver.find_element(By.XPATH, f'//table[@id="jobs"]//button[text()="{label}"]')
+    button.click()
+    wait_for(lambda: driver.find_elements(By.ID, "notice"), what=f"the {label} notice")
+
+
+def steady(driver: Any) -> int | None:
+    """The sent count, once two reads a refresh apart agree (in-flight sends are done)."""
+    before = live_number(driver, "birthday.sent")
+    time.sleep(1.2)
+    after = live_number(driver, "birthday.sent")
+    return after if after == before and after > 0 else None
+
+
 def bar_width(driver: Any, key: str) -> float:
     style = driver.find_element(By.CSS_SELECTOR, f'[data-live="{key}"] > span').get_attribute(
         "style"
@@ -58,6 +78,7 @@ def test_watch_a_run_then_look_up_and_redrive(
         "BATCHRUN_DB": f"sqlite:///{tmp_path / 'batchrun.db'}",
         "BATCHRUN_MAIL": smtp_server.url,
         "BATCHRUN_FROM": "birthday@example.com",
+        "BATCHRUN_LEASE_S": "3",  # a heartbeat a second: a pause is seen within one
     }
     for args in (("db", "migrate"), ("db", "seed", "--users", "2000", "--seed", "3")):
         assert run_cli(*args, env=env).returncode == 0
@@ -97,6 +118,22 @@ def test_watch_a_run_then_look_up_and_redrive(
             )
             assert bar_width(browser, "birthday.bar") > wider
             assert run.poll() is None, "the run ended before the page saw it advance"
+
+            # Pause: the run holds (in-flight sends finish), the page says so; resume.
+            press(browser, "Pause")
+            assert "paused" in browser.find_element(By.ID, "notice").text
+            wait_for(
+                lambda: "paused" in live_text(browser, "birthday.now"), what="the paused state"
+            )
+            held = wait_for(lambda: steady(browser), what="the sent count to hold")
+            for _ in range(3):  # three heartbeats of the run (BATCHRUN_LEASE_S=3: one a second)
+                time.sleep(1.0)
+                assert live_number(browser, "birthday.sent") == held
+            assert run.poll() is None, "a paused run keeps its claims and waits"
+            press(browser, "Resume")
+            wait_for(
+                lambda: live_number(browser, "birthday.sent") > held, what="sends after resume"
+            )
         finally:
             _, err = run.communicate(timeout=120)
         assert run.returncode == 0, err
