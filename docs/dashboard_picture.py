@@ -4,7 +4,7 @@ dashboard's tests use: Debian's chromium through its chromedriver (Selenium).
 It makes a demo database the way ``make demo`` does (SQLite, seeded users), runs May in
 full, starts June slowly (``--rate``) and captures the jobs page while June runs::
 
-    python docs/dashboard_picture.py [--out docs/dashboard.png] [--size 1200,560]
+    python docs/dashboard_picture.py [--out docs/dashboard.png] [--size 1280,480]
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def batchrun(env: dict[str, str], *args: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "dashboard.png")
-    parser.add_argument("--size", default="1200,560", help="window WIDTH,HEIGHT in pixels")
+    parser.add_argument("--size", default="1280,480", help="window WIDTH,HEIGHT in pixels")
     args = parser.parse_args()
     width, height = (int(n) for n in args.size.split(","))
     with tempfile.TemporaryDirectory() as tmp:

@@ -144,6 +144,8 @@ def test_why_cli_json_and_lines(sqlite_url: str, tmp_path: Path) -> None:
     assert all(set(e) == {"at", "what", "detail", "run_id"} for e in data["events"])
     send = next(e for e in data["events"] if e["what"] == "sent")
     assert f"<birthday.2025.{sent}@example.com>" in send["detail"]
+    ((run_id,),) = query(sqlite_url, "SELECT id FROM batchrun_run WHERE kind = 'run'")
+    assert send["run_id"] == run_id  # the run `birthday` recorded
     done = invoke("why", "birthday", str(sent), "--period", "2025-06", env=env)
     assert done.exit_code == 0 and "ledger state sent" in done.stdout, done.output
     done = invoke("why", "nosuchjob", "1", env=env)

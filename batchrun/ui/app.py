@@ -253,7 +253,7 @@ def _now_text(running: list[dict[str, Any]], paused: bool) -> str:
         return "paused"
     if not running:
         return "idle"
-    return ", ".join(f"#{r['id']} on {r['host']} (pid {r['pid']})" for r in running)
+    return ", ".join(f"run #{r['id']} · {r['host']} pid {r['pid']}" for r in running)
 
 
 async def _depths(rt: Runtime) -> dict[str, int | None]:
