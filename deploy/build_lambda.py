@@ -14,7 +14,7 @@ runtime). A dependency published only as an sdist is pure Python in practice: na
 ``--build-pure NAME`` and it is built here into a local wheelhouse pip may use.
 
 Then what the handler never imports goes: the command line's dependencies (typer, rich,
-pydantic and theirs: ``LEFT_OUT``), boto3's S3 transfer manager and resource models, stray
+pydantic and theirs, prometheus-client: ``LEFT_OUT``), boto3's S3 transfer manager and resource models, stray
 top-level ``docs/`` and ``examples/`` folders some wheels ship, and every botocore service
 model but the ones batchrun calls (``BOTOCORE_SERVICES``: 25 MB of 28). boto3 itself stays:
 aioboto3 imports it, and the runtime's own boto3 is built for an older botocore than the one
@@ -50,8 +50,10 @@ ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "setup.py", "setup.cfg")
 LAMBDA_TASK_ROOT = "/var/task"
 # Distributions pip resolves for batchrun[aws] that the handler never imports: the CLI's
-# (typer, rich) and what they pull in, and boto3's S3 transfer manager.
+# (typer, rich) and what they pull in, prometheus-client (`batchrun metrics` and the
+# dashboard only), and boto3's S3 transfer manager.
 LEFT_OUT = (
+    "prometheus-client",
     "typer",
     "click",
     "rich",
