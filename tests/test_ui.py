@@ -276,3 +276,24 @@ async def test_a_foreign_host_header_is_refused_without_a_token(
         page = await client.get("/")
         assert page.headers["x-frame-options"] == "DENY"
         assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+
+
+async def test_an_action_never_redirects_to_another_site(
+    sqlite_url: str, make_settings: Any
+) -> None:
+    settings = make_settings(sqlite_url)
+    await prepare(settings, fail_one=False)
+    async with client_of(make_app(settings)) as client:
+        token = csrf_of((await client.get("/")).text)
+        for referer in ("http://evil.example//evil.example/x", "//evil.example/", "javascript:x"):
+            done = await client.post(
+                "/jobs/birthday/resume", data={"csrf": token}, headers={"referer": referer}
+            )
+            assert done.status_code == 303
+            assert done.headers["location"].startswith("/?notice="), referer
+        done = await client.post(
+            "/jobs/birthday/resume",
+            data={"csrf": token},
+            headers={"referer": "http://127.0.0.1/jobs/birthday?period=2025-06"},
+        )
+        assert done.headers["location"].startswith("/jobs/birthday?notice=")

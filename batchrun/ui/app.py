@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -237,10 +237,12 @@ async def _form(request: Request) -> _Form:
 
 
 def _back(request: Request, notice: str, to: str | None = None) -> Response:
-    target = to or request.headers.get("referer", "/") or "/"
-    path = "/" + target.split("://", 1)[-1].split("/", 1)[-1] if "://" in target else target
-    base = path.split("?", 1)[0]
-    return RedirectResponse(f"{base}?{urlencode({'notice': notice})}", 303)
+    """Back to the page the form was on (the Referer's path on this dashboard), with the
+    notice; never to another site."""
+    path = to or urlsplit(request.headers.get("referer", "")).path
+    if not path.startswith("/") or path.startswith(("//", "/\\")):
+        path = "/"
+    return RedirectResponse(f"{path}?{urlencode({'notice': notice})}", 303)
 
 
 def _period_running(running: list[dict[str, Any]]) -> str | None:
