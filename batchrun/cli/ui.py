@@ -37,7 +37,7 @@ def ui(
 
     It listens on 127.0.0.1 by default. Any other address needs BATCHRUN_UI_TOKEN (sent as
     Authorization: Bearer, or through the login form), or it refuses to start. Needs
-    `pip install 'batchrun[ui]'`.
+    `pip install 'batchrun\\[ui]'`.
 
     \b
     Examples:
@@ -54,7 +54,7 @@ def ui(
         from batchrun.ui.security import bind_error
     except ImportError as exc:
         stderr.print(
-            f"[red]error:[/] the dashboard needs {exc.name}: pip install 'batchrun[ui]'",
+            f"[red]error:[/] the dashboard needs {exc.name}: pip install 'batchrun\\[ui]'",
             highlight=False,
         )
         raise typer.Exit(1) from None

@@ -16,7 +16,7 @@ from batchrun.runtime import story
 @app.command("why")
 def why(
     ctx: typer.Context,
-    job: Annotated[str, typer.Argument(help="The job's name.")],
+    job: Annotated[str, typer.Argument(metavar="JOB", help="The job's name.")],
     entity: Annotated[int, typer.Argument(metavar="ID", min=1, help="The entity's id.")],
     period: Annotated[
         str | None, typer.Option("--period", help="The job's period; default: now (UTC).")
