@@ -14,11 +14,11 @@ runtime). A dependency published only as an sdist is pure Python in practice: na
 ``--build-pure NAME`` and it is built here into a local wheelhouse pip may use.
 
 Then what the handler never imports goes: the command line's dependencies (typer, rich,
-pydantic and theirs, prometheus-client: ``LEFT_OUT``), boto3's S3 transfer manager and
-resource models, stray top-level ``docs/`` and ``examples/`` folders some wheels ship, and
-every botocore service model but the ones batchrun calls (``BOTOCORE_SERVICES``: 25 MB of
-28). boto3 itself stays: aioboto3 imports it, and the runtime's own boto3 is built for an
-older botocore than the one aiobotocore pins. Console scripts (``bin/``) and ``__pycache__`` go, ``direct_url.json`` goes
+pydantic and theirs: ``LEFT_OUT``), boto3's S3 transfer manager and resource models, stray
+top-level ``docs/`` and ``examples/`` folders some wheels ship, and every botocore service
+model but the ones batchrun calls (``BOTOCORE_SERVICES``: 25 MB of 28). boto3 itself stays:
+aioboto3 imports it, and the runtime's own boto3 is built for an older botocore than the one
+aiobotocore pins. Console scripts (``bin/``) and ``__pycache__`` go, ``direct_url.json`` goes
 (it holds this machine's temporary path), the rest of each kept ``*.dist-info`` stays
 (importlib.metadata reads it). When an interpreter of the target version is at hand (this
 one for ``local``, else ``--compile-with`` or ``pythonX.Y`` on PATH), every module is
