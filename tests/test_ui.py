@@ -117,6 +117,9 @@ async def test_pages_show_jobs_periods_entities_queues_and_metrics(
         live = (await client.get("/api/live")).json()
         assert live["birthday.sent"] == facts["sent"] and live["queue.dead"] == 1
         assert (await client.get("/jobs/nosuchjob")).status_code == 404
+        for bad in ("/jobs/birthday?period=2025-13", "/api/live?job=birthday&period=June"):
+            assert (await client.get(bad)).status_code == 400, bad
+        assert (await client.get("/jobs/birthday/entities/1?period=x")).status_code == 400
 
 
 async def test_redrive_needs_the_csrf_token_and_revives_the_entity(

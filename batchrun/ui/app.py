@@ -106,7 +106,10 @@ class Dashboard:
                 continue
             _, running = await control.runs_now(rt, job)
             period = request.query_params.get("period") if wanted else _period_running(running)
-            p = await data.progress(rt, job, period)
+            try:
+                p = await data.progress(rt, job, period)
+            except ValueError as exc:
+                return PlainTextResponse(str(exc), status_code=400)
             paused = await control.paused(rt, job, p.period)
             key = f"{job.name}/{p.period}" if wanted else job.name
             out[f"{key}.bar"] = {**p.to_json(), "paused": paused}
@@ -120,9 +123,14 @@ class Dashboard:
     async def job_page(self, request: Request) -> Response:
         job = self.job(request.path_params["job"])
         periods = await data.periods(self.runtime, job)
-        selected = request.query_params.get("period") or (
-            periods[0].period if periods else str(data.period_of(job, None))
-        )
+        try:
+            selected = (
+                str(data.period_of(job, request.query_params.get("period")))
+                if (request.query_params.get("period"))
+                else (periods[0].period if periods else str(data.period_of(job, None)))
+            )
+        except ValueError as exc:
+            return PlainTextResponse(str(exc), status_code=400)
         runs = await control.runs_of(self.runtime, job)
         live = "/api/live?" + urlencode({"job": job.name, "period": selected})
         return self.page(
