@@ -123,14 +123,13 @@ class Dashboard:
     async def job_page(self, request: Request) -> Response:
         job = self.job(request.path_params["job"])
         periods = await data.periods(self.runtime, job)
+        asked = request.query_params.get("period")
         try:
-            selected = (
-                str(data.period_of(job, request.query_params.get("period")))
-                if (request.query_params.get("period"))
-                else (periods[0].period if periods else str(data.period_of(job, None)))
-            )
+            selected = str(data.period_of(job, asked)) if asked else None
         except ValueError as exc:
             return PlainTextResponse(str(exc), status_code=400)
+        if selected is None:  # the newest period with ledger rows, else the current one
+            selected = periods[0].period if periods else str(data.period_of(job, None))
         runs = await control.runs_of(self.runtime, job)
         live = "/api/live?" + urlencode({"job": job.name, "period": selected})
         return self.page(
