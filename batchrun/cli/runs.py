@@ -20,17 +20,8 @@ from batchrun.runtime.history import History, iso
 _SPAN = re.compile(r"^(\d+)([dhm])$")
 _UNIT_S = {"d": 86400, "h": 3600, "m": 60}
 # the counts a table row shows of a run's summary, in this order
-_SHOWN_COUNTS = (
-    "eligible",
-    "processed",
-    "succeeded",
-    "done",
-    "skipped",
-    "failed",
-    "queued_for_retry",
-    "dead_lettered",
-    "applied",
-)
+_SHOWN_COUNTS = ("eligible", "processed", "succeeded", "done", "skipped", "failed")
+_SHOWN_IF_ANY = ("queued_for_retry", "dead_lettered", "left_pending")
 
 
 def since_ms(text: str | None, *, now: float | None = None) -> int:
@@ -56,6 +47,7 @@ def short_counts(counts: dict[str, Any] | None) -> str:
     if not counts:
         return ""
     words = [f"{k} {counts[k]}" for k in _SHOWN_COUNTS if isinstance(counts.get(k), int)]
+    words += [f"{k} {counts[k]}" for k in _SHOWN_IF_ANY if counts.get(k)]
     if counts.get("stopped"):
         words.append(f"stopped: {counts['stopped']}")
     if counts.get("paused"):

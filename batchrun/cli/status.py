@@ -12,6 +12,7 @@ from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, period_option, run_command, stdout
 from batchrun.cli.output import STATE_NAMES, table
 from batchrun.cli.runs import overview, print_overview
+from batchrun.runtime.control import Steering
 
 SHOWN = 50
 
@@ -68,6 +69,9 @@ def status(
             limit = 10**9 if show_all else SHOWN
             counts = await context.runtime(backends).status(job, which, problems=limit + 1)
             depth, dead = await backends.queue.depths()
+            steering = Steering()
+            await steering.refresh(backends.store.db)
+            held = steering.paused(job, str(which))
         problems: list[tuple[int, int, int, str | None]] = counts.pop("problems")
         more = max(0, len(problems) - limit)
         problems = problems[:limit]
@@ -93,6 +97,9 @@ def status(
             ],
             problems_not_listed=more,
         )
+        if held is not None:  # only when paused: `batchrun pause`
+            data["paused"] = True
+            data["paused_reason"] = held.reason
         if as_json:
             print(json.dumps(data))
             return 0

@@ -196,9 +196,7 @@ class Runtime:
         held = self.steering.paused(job.name, str(period))
         if held is not None:
             why = f" ({held.reason})" if held.reason else ""
-            log.warning(
-                "%s %s is paused%s: nothing done (`batchrun resume`)", job.name, period, why
-            )
+            log.info("%s %s is paused%s: nothing done (`batchrun resume`)", job.name, period, why)
         return held is not None
 
     def _job(self, job: Job | str | None) -> Job:
