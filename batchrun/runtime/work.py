@@ -53,7 +53,7 @@ class Worker:
         if self.lease.is_lost(item.scope, item.id):
             self.lost.append(item)
             return
-        if self.breaker.open or (self.bugs is not None and self.bugs.tripped):
+        if self.breaker.open:
             # Not attempted: the caller queues it (a run) or leaves its message for later
             # (a consumer); an attempt the backend never saw does not count against it.
             self.unstarted.append(item)
@@ -64,8 +64,15 @@ class Worker:
         elif self.lease.is_lost(item.scope, item.id):
             self.lost.append(item)  # the heartbeat the fence waited for found it taken
             return
+        elif self.bugs is not None and not await self.bugs.admit():
+            self.unstarted.append(item)  # a bug stopped the work: left for a fixed job
+            return
         else:
-            outcome = await self._process(item)
+            try:
+                outcome = await self._process(item)
+            finally:
+                if self.bugs is not None:
+                    await self.bugs.done()
         limit = self.give_up_after
         if outcome.state is State.RETRYING and limit is not None and item.attempts >= limit:
             # The ledger counts attempts: the run's first one, then one per retry, so an
@@ -90,7 +97,7 @@ class Worker:
 
     def _bug(self, exc: Exception) -> None:
         if self.bugs is not None and self.bugs.failure(exc, job=self.job.name):
-            log.error("%s", self.bugs.tripped)
+            log.info("%s", self.bugs.tripped)  # the command says it once, at its end
             self.stop.request("bug in the job")
 
     def _failed(self, exc: Exception) -> Outcome:
