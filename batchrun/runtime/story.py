@@ -131,8 +131,15 @@ async def tell(
 
 def _by_a_run(event: Event) -> bool:
     """Steps a process recorded in the run history takes: outcomes, queue messages, and
-    suppressions (an ``events`` drain)."""
-    return event.what not in ("eligible now", "not eligible now", "no ledger row")
+    bounces and complaints (an ``events`` drain). Not the look-ups made now, nor an
+    unsubscribe or a manual suppression (a person's doing)."""
+    return event.what not in (
+        "eligible now",
+        "not eligible now",
+        "no ledger row",
+        "unsubscribed",
+        "suppressed (manual)",
+    )
 
 
 async def history_finder(rt: Runtime, limit: int = 1000) -> RunFinder:
