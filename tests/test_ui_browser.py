@@ -71,11 +71,15 @@ def press(driver: Any, label: str) -> None:
     wait_for(lambda: driver.find_elements(By.ID, "notice"), what=f"the {label} notice")
 
 
-def steady(driver: Any) -> int | None:
-    """The sent count, once two reads a refresh apart agree (in-flight sends are done)."""
-    before = live_number(driver, "birthday.sent")
-    time.sleep(1.2)
-    after = live_number(driver, "birthday.sent")
+def sent_in_db(url: str) -> int:
+    return int(query(url, "SELECT COUNT(*) FROM batchrun_ledger WHERE state = 1")[0][0])
+
+
+def steady(url: str) -> int | None:
+    """The ledger's sent count, once two reads a second apart agree (in flight: done)."""
+    before = sent_in_db(url)
+    time.sleep(1.0)
+    after = sent_in_db(url)
     return after if after == before and after > 0 else None
 
 
@@ -139,10 +143,14 @@ def test_watch_a_run_then_look_up_and_redrive(
             wait_for(
                 lambda: "paused" in live_text(browser, "birthday.now"), what="the paused state"
             )
-            held = wait_for(lambda: steady(browser), what="the sent count to hold")
+            held = wait_for(lambda: steady(env["BATCHRUN_DB"]), what="the sends to stop")
+            wait_for(
+                lambda: live_number(browser, "birthday.sent") == held, what="the page to show it"
+            )
             for _ in range(3):  # three heartbeats of the run (BATCHRUN_LEASE_S=3: one a second)
                 time.sleep(1.0)
-                assert live_number(browser, "birthday.sent") == held
+                assert sent_in_db(env["BATCHRUN_DB"]) == held
+            assert live_number(browser, "birthday.sent") == held
             assert run.poll() is None, "a paused run keeps its claims and waits"
             press(browser, "Resume")
             wait_for(
