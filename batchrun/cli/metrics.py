@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from batchrun import metrics
 from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, run_command, stderr
 from batchrun.errors import UsageError
@@ -43,6 +42,8 @@ def metrics_command(
     settings = context.settings
 
     async def go() -> int:
+        from batchrun import metrics  # prometheus-client: only for this command
+
         if textfile is not None and not textfile.parent.is_dir():
             raise UsageError(f"--textfile {textfile}: no folder {textfile.parent}")
         async with open_backends(settings, queue=True) as backends:
