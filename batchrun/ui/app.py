@@ -205,7 +205,10 @@ class Dashboard:
     async def redrive(self, request: Request) -> Response:
         form = await _form(request)
         ids = [v for v in form.getlist("id") if v]
-        moved = await data.redrive(self.runtime, ids)
+        try:
+            moved = await data.redrive(self.runtime, ids)
+        except BatchrunError as exc:  # the queue keeps no dead letters, or cannot be reached
+            return _back(request, f"redrive failed: {exc}", "/dead")
         return _back(request, f"{moved} dead letter{'s' if moved != 1 else ''} redriven", "/dead")
 
     async def login(self, request: Request) -> Response:
