@@ -229,7 +229,9 @@ def test_usage_errors_are_one_line(tmp_path: Path) -> None:
     assert bad_since.returncode == 2 and "--since" in bad_since.stderr
     bad_period = run_cli("pause", "birthday", "--period", "2025-13", env=env)
     assert bad_period.returncode == 2 and "--period" in bad_period.stderr
-    assert "Traceback" not in bad_since.stderr + bad_period.stderr
+    unknown = run_cli("cancel", "nosuch", env=env)
+    assert unknown.returncode == 2 and "unknown job 'nosuch'" in unknown.stderr
+    assert "Traceback" not in bad_since.stderr + bad_period.stderr + unknown.stderr
 
 
 def test_the_scheduled_lambda_exits_at_once_while_paused(tmp_path: Path) -> None:
