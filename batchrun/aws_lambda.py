@@ -308,7 +308,7 @@ async def _sqs(
     ses = [_is_mail_event(r, events_queue) for r in records]
     if any(ses):
         failures, metrics["MailEvents"] = await _mail_events(
-            settings, [item for item, yes in zip(items, ses, strict=True) if yes]
+            settings, registry, stop, [item for item, yes in zip(items, ses, strict=True) if yes]
         )
         items = [item for item, yes in zip(items, ses, strict=True) if not yes]
         if not items:
@@ -363,12 +363,15 @@ def _is_mail_event(record: Mapping[str, Any], events_queue: str) -> bool:
 
 
 async def _mail_events(
-    settings: Settings, items: list[Received]
+    settings: Settings, registry: Registry, stop: StopToken, items: list[Received]
 ) -> tuple[list[dict[str, str]], float]:
     """Apply SES event records; the poison ones are reported failed (redrive)."""
     summary = mail_events.EventsSummary()
     async with open_backends(settings) as backends:
-        _, poison = await mail_events.apply_items(backends.store, items, summary)
+        runtime = _runtime(registry, backends, settings, stop)
+        async with RunRecord(runtime, kind="lambda") as record:
+            _, poison = await mail_events.apply_items(backends.store, items, summary)
+            await record.end(summary.exit_code, summary.to_json())
     log.info("SES events: %s", json.dumps(summary.to_json()))
     return [{"itemIdentifier": item.message_id} for item, _ in poison], float(len(items))
 

@@ -16,10 +16,11 @@ JobArgument = Annotated[str, typer.Argument(help="The job's name (see `batchrun 
 
 
 def _period(context: Context, job: str, period: str | None) -> str | None:
-    """The period as the job writes it (2025-6 -> 2025-06); exit 2 when malformed."""
+    """The period as the job writes it (2025-6 -> 2025-06); exit 2 when malformed or the
+    job is unknown."""
+    unit = context.registry.get_job(job).period
     if period is None:
         return None
-    unit = context.registry.get_job(job).period
     try:
         return str(parse_period(unit, period))
     except ValueError as exc:
