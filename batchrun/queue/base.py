@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
@@ -12,6 +11,7 @@ from batchrun.db.store import MAX_ID
 from batchrun.errors import ConfigError
 from batchrun.period import Unit
 from batchrun.period import parse as parse_period
+from batchrun.policy.retry import backoff_s as backoff_s  # re-exported: its old home
 from batchrun.urls import mask_url, scheme_of
 
 if TYPE_CHECKING:
@@ -144,8 +144,10 @@ class RetryQueue(Protocol):
         raise QueueError with the cause. A run calls it before any effect."""
         ...
 
-    async def send(self, bodies: Sequence[str]) -> None:
-        """Queue every body (visible at once); raise QueueError if any was not queued."""
+    async def send(self, bodies: Sequence[str], *, delay_s: float = 0.0) -> None:
+        """Queue every body, visible after ``delay_s`` (at once by default); raise
+        QueueError if any was not queued. SQS caps a delay at 15 minutes (``MAX_DELAY_S``)
+        and a FIFO queue takes none: there the consumer's own backoff is what holds."""
         ...
 
     async def send_dead(self, bodies: Sequence[tuple[str, str]]) -> None:
@@ -169,12 +171,6 @@ class RetryQueue(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-def backoff_s(receive_count: int, *, base_s: float, max_s: float) -> float:
-    """Exponential backoff with full jitter in its upper half, for the n-th failed receive."""
-    ceiling = min(max_s, base_s * 2 ** max(0, receive_count - 1))
-    return float(ceiling * random.uniform(0.5, 1.0))
 
 
 def from_url(
