@@ -287,3 +287,39 @@ async def test_a_retry_delay_from_a_run_holds_the_sqs_message_back(
         assert job.tries == Counter(dict.fromkeys(range(1, N + 1), 2))
     finally:
         await queue.close()
+
+
+# -- a job's own attempts --------------------------------------------------------------------
+
+
+async def test_a_jobs_attempts_decide_when_a_retry_gives_up(
+    store: Store, make_runtime: Callable[..., Runtime]
+) -> None:
+    class Never(Later):
+        name = "never"
+        retry = batchrun.RetryPolicy(attempts=2)  # the deployment's default allows 6
+
+        async def process(self, ctx: batchrun.Context, row: dict[str, Any]) -> None:
+            self.tries[row["id"]] += 1
+            raise batchrun.Retry("still down")
+
+    job = Never()
+    rt = make_runtime(job)
+    assert (await rt.run(june(), job="never")).queued_for_retry == N
+    drained = await rt.retry()
+    assert (drained.processed, drained.dead_lettered, drained.remaining) == (N, N, 0)
+    assert job.tries == Counter(dict.fromkeys(range(1, N + 1), 2))
+    reasons = await store.jobdb.fetch("SELECT last_error FROM batchrun_ledger WHERE job = 'never'")
+    assert {r["last_error"] for r in reasons} == {"gave up after 1 attempts: still down"}
+
+
+async def test_one_attempt_dead_letters_a_runs_failure_at_once(
+    store: Store, make_runtime: Callable[..., Runtime]
+) -> None:
+    class Once(Later):
+        name = "once"
+        retry = batchrun.RetryPolicy(attempts=1)
+
+    rt = make_runtime(Once())
+    summary = await rt.run(june(), job="once")
+    assert (summary.queued_for_retry, summary.dead_lettered, summary.exit_code) == (0, N, 0)
