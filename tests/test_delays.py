@@ -10,8 +10,10 @@ time a test pretends has passed, and the SQS test uses a 3 s delay against 1 s.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -323,3 +325,89 @@ async def test_one_attempt_dead_letters_a_runs_failure_at_once(
     rt = make_runtime(Once())
     summary = await rt.run(june(), job="once")
     assert (summary.queued_for_retry, summary.dead_lettered, summary.exit_code) == (0, N, 0)
+
+
+# -- the Lambda's SQS consumer -------------------------------------------------------------
+
+LATER_JOB = """
+import batchrun
+
+class Later(batchrun.Job):
+    name = "later"
+    period = "month"
+
+    async def page(self, ctx, after, limit):
+        return [{"id": i} for i in range(after + 1, min(after + limit, 3) + 1)]
+
+    async def process(self, ctx, row):
+        raise batchrun.Retry("come back later", delay_s=3)
+"""
+
+
+class LambdaContext:
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.aws_request_id = "req-delay"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self.deadline - time.monotonic()) * 1000))
+
+
+def test_the_lambdas_sqs_consumer_hides_a_retry_for_its_delay(
+    moto_server: MotoServer, sqlite_url: str, tmp_path: Path
+) -> None:
+    import boto3
+
+    from batchrun import aws_lambda
+    from batchrun.queue.base import QueueMessage
+
+    moto_server.reset()
+    job_file = tmp_path / "later.py"
+    job_file.write_text(LATER_JOB)
+
+    async def migrate() -> None:
+        database = await connect(sqlite_url, create=True)
+        try:
+            await Store(database).migrate([Birthday()])
+        finally:
+            await database.close()
+
+    asyncio.run(migrate())
+    env = moto_server.env
+    sqs = boto3.client(
+        "sqs",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    url = sqs.create_queue(QueueName="lambda-delays")["QueueUrl"]
+    body = QueueMessage("retry", "later", "2025-06", entity_id=2, attempt=1).to_json()
+    sqs.send_message(QueueUrl=url, MessageBody=body)
+    (message,) = sqs.receive_message(QueueUrl=url, VisibilityTimeout=1)["Messages"]
+    environ = {
+        **env,
+        "BATCHRUN_DB": sqlite_url,
+        "BATCHRUN_RETRY_QUEUE": url,
+        "BATCHRUN_JOBS": str(job_file),
+        "BATCHRUN_MAIL": f"file://{tmp_path / 'outbox'}",
+    }
+    event = {
+        "Records": [
+            {
+                "messageId": message["MessageId"],
+                "receiptHandle": message["ReceiptHandle"],
+                "body": message["Body"],
+                "attributes": {"ApproximateReceiveCount": "1"},
+                "eventSource": "aws:sqs",
+            }
+        ]
+    }
+    result = aws_lambda.handle(event, LambdaContext(60), environ=environ)
+    handled = time.monotonic()
+    assert result["batchItemFailures"] == [{"itemIdentifier": message["MessageId"]}]
+    time.sleep(max(0.0, 1.5 - (time.monotonic() - handled)))  # past our own 1 s visibility
+    assert "Messages" not in sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0)
+    time.sleep(max(0.0, 3.5 - (time.monotonic() - handled)))
+    again = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1).get("Messages", [])
+    assert [m["Body"] for m in again] == [body]

@@ -18,7 +18,6 @@ SQS queue's redrive ``maxReceiveCount``) retries after the first attempt,
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -111,6 +110,8 @@ class RetryPolicy:
         if delay is None:
             if at_once:
                 return 0.0
+            from batchrun.queue.base import backoff_s
+
             delay = backoff_s(
                 attempts + 1,
                 base_s=self.backoff if self.backoff is not None else 30.0,
@@ -122,10 +123,4 @@ class RetryPolicy:
         return delay
 
 
-def backoff_s(receive_count: int, *, base_s: float, max_s: float) -> float:
-    """Exponential backoff with full jitter in its upper half, for the n-th failed receive."""
-    ceiling = min(max_s, base_s * 2 ** max(0, receive_count - 1))
-    return float(ceiling * random.uniform(0.5, 1.0))
-
-
-__all__ = ["RetryPolicy", "backoff_s"]
+__all__ = ["RetryPolicy"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
@@ -11,7 +12,6 @@ from batchrun.db.store import MAX_ID
 from batchrun.errors import ConfigError
 from batchrun.period import Unit
 from batchrun.period import parse as parse_period
-from batchrun.policy.retry import backoff_s as backoff_s  # re-exported: its old home
 from batchrun.urls import mask_url, scheme_of
 
 if TYPE_CHECKING:
@@ -171,6 +171,12 @@ class RetryQueue(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def backoff_s(receive_count: int, *, base_s: float, max_s: float) -> float:
+    """Exponential backoff with full jitter in its upper half, for the n-th failed receive."""
+    ceiling = min(max_s, base_s * 2 ** max(0, receive_count - 1))
+    return float(ceiling * random.uniform(0.5, 1.0))
 
 
 def from_url(
