@@ -137,6 +137,22 @@ async def test_a_retry_delay_from_a_run_holds_the_local_queue_message_back(
     assert job.tries == Counter(dict.fromkeys(range(1, N + 1), 2))
 
 
+async def test_a_worker_honours_the_delay_too(
+    store: Store, make_runtime: Callable[..., Runtime]
+) -> None:
+    job = Later(30.0)
+    rt = make_runtime(job)
+    await rt.run(june(), job="later")
+    assert rt.queue is not None
+    await time_passes(store, 1.0)
+    early = await rt.serve(rt.queue, idle_exit_s=0.5)  # `batchrun worker`, idle for 0.5 s
+    assert (early.processed, early.remaining) == (0, N)
+    await time_passes(store, 29.0)
+    late = await rt.serve(rt.queue, idle_exit_s=0.5)
+    assert (late.processed, late.succeeded, late.remaining) == (N, N, 0)
+    assert job.tries == Counter(dict.fromkeys(range(1, N + 1), 2))
+
+
 async def test_a_run_failure_without_a_delay_is_retried_at_once(
     store: Store, make_runtime: Callable[..., Runtime]
 ) -> None:
