@@ -416,7 +416,7 @@ async def test_credits_client_errors_fail(
     credits_ctx: batchrun.Context, grants_server: GrantsTestServer, status: int
 ) -> None:
     grants_server.answer_next(1, status)
-    with pytest.raises(batchrun.Fail, match=f"answered {status}"):
+    with pytest.raises(batchrun.Fail, match=f"HTTP {status} from"):
         await credits_ctx.job.process(credits_ctx, dict(CUSTOMER))
     assert await grants(credits_ctx) == []
 
@@ -430,7 +430,7 @@ async def test_credits_wrong_path_fails(
     db = await make_db(sqlite_url, credits.MonthlyCredits)
     job = make_credits(CREDITS_API_URL=f"{grants_server.url}/v2")  # the server knows /grants
     ctx = make_ctx(job, db, MONTH).entity(42)
-    with pytest.raises(batchrun.Fail, match="answered 404 Not Found"):
+    with pytest.raises(batchrun.Fail, match=r"HTTP 404 from .*/v2/grants"):
         await ctx.job.process(ctx, dict(CUSTOMER))
     assert grants_server.calls() == []
 
@@ -466,12 +466,13 @@ async def test_credits_success_without_a_grant_id_fails_rather_than_grant_twice(
 ) -> None:
     import httpx
 
+    sent = httpx.Request("POST", "http://127.0.0.1/grants")  # raise_for_status reads it
     answers = iter(
         [
-            httpx.Response(200, text="ok"),
-            httpx.Response(201, json={"grant": "g1"}),
-            httpx.Response(201, json={"id": None}),
-            httpx.Response(201, json=["g1"]),
+            httpx.Response(200, text="ok", request=sent),
+            httpx.Response(201, json={"grant": "g1"}, request=sent),
+            httpx.Response(201, json={"id": None}, request=sent),
+            httpx.Response(201, json=["g1"], request=sent),
         ]
     )
 
@@ -543,14 +544,23 @@ async def test_credits_client_is_made_once_per_event_loop(
         ("-1", None),
         ("1.5", None),
         ("inf", None),
-        ("Wed, 21 Oct 2015 07:28:00 GMT", None),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),  # a date in the past: at once
     ],
 )
-def test_credits_retry_after_header(header: str, delay: float | None) -> None:
-    import httpx
-
-    assert credits.retry_after(httpx.Response(429, headers={"Retry-After": header})) == delay
-    assert credits.retry_after(httpx.Response(429)) is None
+async def test_credits_retry_after_header(
+    credits_ctx: batchrun.Context,
+    grants_server: GrantsTestServer,
+    header: str,
+    delay: float | None,
+) -> None:
+    grants_server.answer_next(1, 429, retry_after=header)
+    grants_server.answer_next(1, 429)
+    with pytest.raises(batchrun.Retry, match="429") as first:
+        await credits_ctx.job.process(credits_ctx, dict(CUSTOMER))
+    assert first.value.delay_s == delay
+    with pytest.raises(batchrun.Retry, match="429") as second:
+        await credits_ctx.job.process(credits_ctx, dict(CUSTOMER))
+    assert second.value.delay_s is None
 
 
 def test_examples_are_loaded_from_their_files() -> None:

@@ -154,7 +154,9 @@ async def _entities(
             rt.store, lease_s=rt.settings.lease_s, stop=stop, steering=rt.steering
         ) as lease:
             limiter = await rt.retry_limiter(options)
-            ctx, _ = rt.context(job, period, lease=lease, stop=stop, limiter=limiter)
+            ctx, _ = rt.context(
+                job, period, lease=lease, stop=stop, limiter=limiter, breaker=rt.breaker
+            )
             scope = Scope(job.name, str(ctx.once), str(period))
             outcomes, claims, lost, gone = await _work(
                 rt, job, ctx, scope, lease, limiter, entries, options
@@ -262,7 +264,8 @@ def _worker(
         breaker=rt.breaker,
         stop=lease.stop,
         limiter=limiter,
-        give_up_after=rt.queue.max_receives,
+        policy=rt.policy(job),
+        at_once=False,  # a retry's failure backs off (or waits the delay it asked for)
         on_outcome=note,
         bugs=rt.bugs,
     )
