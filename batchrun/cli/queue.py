@@ -7,12 +7,13 @@ import json
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
 from batchrun.cli.app import Context, app, rate_option, run_command, stderr
 from batchrun.cli.output import ASKED, table
-from batchrun.runtime import Options
+from batchrun.runtime import Options, RetrySummary
 
 
 @app.command("worker")
@@ -102,7 +103,7 @@ def worker(
         else:
             table("worker", result.to_json(), always=ASKED)
         _say_lost(result.lost_claims)
-        return 0
+        return _say_unknown(result)
 
     run_command(ctx, go)
 
@@ -158,9 +159,19 @@ def retry(
                 highlight=False,
             )
             return 130
+        _say_unknown(result)
         return result.exit_code
 
     run_command(ctx, go)
+
+
+def _say_unknown(result: RetrySummary) -> int:
+    """The line naming jobs whose messages were left on the queue; 1 if there were any."""
+    line = result.unknown_line()
+    if line is None:
+        return 0
+    stderr.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+    return 1
 
 
 def _say_lost(lost_claims: int) -> None:

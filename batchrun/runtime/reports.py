@@ -81,11 +81,34 @@ class RetrySummary(_Report):
     remaining: int = 0
     requeued: int = 0  # ledger failures whose retry message was re-sent
     lost_claims: int = 0
+    not_eligible: int = 0  # tasks and retries whose entity the page does not return: dropped
+    unknown_job: int = 0  # messages for jobs this process does not know: left on the queue
     duration_s: float = 0.0
+    unknown_jobs: set[str] = field(default_factory=set)  # their names (not in the JSON)
 
     @property
     def exit_code(self) -> int:
+        """1 when messages wait for a job this process does not know (give its --jobs);
+        3 when some entities failed; else 0."""
+        if self.unknown_job:
+            return 1
         return 3 if self.failed else 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        del data["unknown_jobs"]
+        return data
+
+    def unknown_line(self) -> str | None:
+        """The one line saying which jobs' messages were left on the queue, if any."""
+        if not self.unknown_job:
+            return None
+        names = ", ".join(repr(name) for name in sorted(self.unknown_jobs))
+        return (
+            f"{self.unknown_job} messages for job {names}, which this process does not know, "
+            "were left on the queue: give the module that defines it with --jobs "
+            "(BATCHRUN_JOBS)"
+        )
 
     def add_run(self, summary: Summary) -> None:
         """Count what a continuation or shard run reached."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchrun.db.store import MAX_ID, Scope, Store
 from batchrun.engine import StopToken
-from batchrun.errors import NotMigratedError
+from batchrun.errors import NotMigratedError, UsageError
 from batchrun.job import Context, Job
 from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
@@ -24,6 +24,7 @@ from batchrun.ratelimit import AdaptiveRate
 from batchrun.runtime import consume, inspect, preflight
 from batchrun.runtime.consume import Verdict
 from batchrun.runtime.lease import Lease
+from batchrun.runtime.pager import recheck
 from batchrun.runtime.reports import FanOut, RetrySummary, Summary
 from batchrun.runtime.run import Options, run_period
 from batchrun.runtime.sending import Sender, make_limiter
@@ -201,10 +202,23 @@ class Runtime:
         return await fan_out(self, self._job(job), period, queue, shard_size=shard_size)
 
     async def submit(self, job: Job | str, period: Period, ids: Sequence[int]) -> int:
-        """Queue one task per entity for the consumers; return how many were queued."""
+        """Queue one task per entity for the consumers; return how many were queued.
+
+        Raises:
+            UsageError: the job's page does not return some of ``ids`` for ``period``
+                (naming them); nothing is queued.
+        """
         assert self.queue is not None
         which = self._job(job)
         await self.preflight(which)
+        ctx, _ = self.context(which, period, dry_run=True)
+        absent = [i for i in dict.fromkeys(ids) if await recheck(which, ctx, i) is None]
+        if absent:
+            shown = ", ".join(str(i) for i in absent[:20]) + (" …" if len(absent) > 20 else "")
+            raise UsageError(
+                f"{which.name} {period}: the job's page does not return id {shown} "
+                "(not eligible for this period); nothing queued"
+            )
         bodies = [QueueMessage("task", which.name, str(period), entity_id=i).to_json() for i in ids]
         for start in range(0, len(bodies), SEND_BATCH):
             await self.queue.send(bodies[start : start + SEND_BATCH])
@@ -354,6 +368,8 @@ class Runtime:
             _count(result, verdict)
             if verdict.action == "delete":
                 done.append(item)
+            elif verdict.action == "later" and verdict.unknown_job is not None:
+                await queue.keep(item, verdict.delay_s)
             elif verdict.action == "later":
                 await queue.retry_later(item, verdict.delay_s)
             else:
@@ -407,6 +423,11 @@ def _count(result: RetrySummary, verdict: Verdict) -> None:
     """Add one processed message's verdict to the totals, in entities."""
     if verdict.summary is not None:
         result.add_run(verdict.summary)
+    elif verdict.unknown_job is not None:
+        result.unknown_job += 1
+        result.unknown_jobs.add(verdict.unknown_job)
+    elif verdict.not_eligible:
+        result.not_eligible += 1
     elif verdict.action == "poison":
         result.processed += 1  # a message that named no entity, dead-lettered unworked
         result.dead_lettered += 1
