@@ -74,7 +74,7 @@ async def process(
             message = QueueMessage.from_json(item.body, units)
         except UnknownJob as exc:
             # Not poison: a process started with that job's --jobs does it.
-            log.warning("message %s is for %s: left on the queue", item.message_id, exc)
+            log.info("message %s is for %s: left on the queue", item.message_id, exc)
             delay = max(UNKNOWN_JOB_DELAY_S, rt.settings.lease_s)
             verdicts[item.message_id] = Verdict(
                 "later", str(exc), delay_s=delay, counted=False, unknown_job=exc.job

@@ -323,8 +323,15 @@ class Runtime:
                     break
                 await self._sleep(IDLE_POLL_S)
                 continue
+            known = set(result.unknown_jobs)
             broken = await self._settle(items, options, result, visibility_s, queue=queue)
             idle_since = time.monotonic()
+            for name in sorted(result.unknown_jobs - known):
+                log.warning(
+                    "messages for job %r, which this worker does not know, stay on the queue: "
+                    "give its module with --jobs",
+                    name,
+                )
             if broken:
                 pause = min(OUTAGE_BACKOFF_S[1], OUTAGE_BACKOFF_S[0] * 2**outage)
                 outage += 1
