@@ -166,8 +166,9 @@ def retry(
 
 
 def _say_unknown(result: RetrySummary) -> int:
-    """The line naming jobs whose messages were left on the queue; 1 if there were any."""
-    line = result.unknown_line()
+    """The line naming jobs whose messages were left on the queue, or the bug that stopped
+    the drain; 1 if there was one."""
+    line = result.error or result.unknown_line()
     if line is None:
         return 0
     stderr.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)

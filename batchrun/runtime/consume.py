@@ -259,6 +259,7 @@ def _worker(
         policy=rt.policy(job),
         at_once=False,  # a retry's failure backs off (or waits the delay it asked for)
         on_outcome=note,
+        bugs=rt.bugs,
     )
 
 

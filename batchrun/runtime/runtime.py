@@ -22,6 +22,7 @@ from batchrun.policy.retry import RetryPolicy
 from batchrun.queue.base import QueueMessage, Received, RetryQueue
 from batchrun.ratelimit import AdaptiveRate
 from batchrun.runtime import consume, inspect, preflight
+from batchrun.runtime.bugs import BugStreak
 from batchrun.runtime.consume import Verdict
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.pager import recheck
@@ -74,6 +75,8 @@ class Runtime:
         self._retry_limiter_made = False
         # One breaker for the queue consumers: connection failures count across batches.
         self.breaker = CircuitBreaker(settings.breaker_threshold)
+        # One streak for the queue consumers too: a bug shows across batches.
+        self.bugs = BugStreak(settings.bug_threshold)
         self._warned_unsubscribe = False
         self._checked: list[object] = []  # the backends preflight found usable
 
@@ -93,6 +96,12 @@ class Runtime:
             found = Templates([p for p in (override, folder, DEFAULTS) if p is not None])
             self._templates[job.name] = found
         return found
+
+    def compile_templates(self, job: Job) -> None:
+        """Compile every template ``job`` has, before anything is claimed or sent (see
+        ``preflight.compile_templates``)."""
+        folder = self._templates_dirs.get(job.name)
+        preflight.compile_templates(self.templates(job), job, folder, self.settings.templates_dir)
 
     def context(
         self,
@@ -180,6 +189,7 @@ class Runtime:
     ) -> Summary:
         """Run ``job`` (default: the first) over ``period``, ids in (after, until]."""
         which = self._job(job)
+        self.compile_templates(which)
         if not dry_run:
             await self.preflight(which)
         return await run_period(
@@ -281,7 +291,11 @@ class Runtime:
             if not items:
                 break
             received += len(items)
-            if await self._settle(items, options, result, visibility):
+            broken = await self._settle(items, options, result, visibility)
+            if self.bugs.tripped is not None:
+                result.error = self.bugs.tripped
+                break
+            if broken:
                 # The mail backend is unreachable: the rest waits for a later drain,
                 # instead of burning its attempts against a backend that is down.
                 log.error("mail backend unreachable: the drain stops; run `batchrun retry` later")
@@ -326,6 +340,9 @@ class Runtime:
             known = set(result.unknown_jobs)
             broken = await self._settle(items, options, result, visibility_s, queue=queue)
             idle_since = time.monotonic()
+            if self.bugs.tripped is not None:
+                result.error = self.bugs.tripped  # like a crash: a supervisor sees exit 1
+                break
             for name in sorted(result.unknown_jobs - known):
                 log.warning(
                     "messages for job %r, which this worker does not know, stay on the queue: "
