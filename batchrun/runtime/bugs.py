@@ -11,11 +11,12 @@ between (a success, a skip, another error) starts it again.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from types import TracebackType
 
 from batchrun.errors import BatchrunError, TemplateError
-from batchrun.job import Verdict
+from batchrun.job import Skip, Verdict
 from batchrun.urls import mask_url
 
 Signature = tuple[str, str]
@@ -42,15 +43,44 @@ def _origin(tb: TracebackType | None) -> str:
 
 
 class BugStreak:
-    """Counts consecutive entities that failed with one signature."""
+    """Counts consecutive entities that failed with one signature, and admits entities so
+    that a bug touches at most ``threshold`` of them whatever the concurrency: until the
+    first success, and while a streak is building, attempts in flight plus the streak
+    stay below the threshold."""
 
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
         self.count = 0
+        self.in_flight = 0
+        self.proven = False  # an entity succeeded (since the last bug failure)
         self._signature: Signature | None = None
+        self._changed: asyncio.Condition | None = None
         self.tripped: str | None = None  # the one line saying what the bug is, once tripped
 
+    def _open(self) -> bool:
+        return (self.proven and self.count == 0) or self.in_flight + self.count < self.threshold
+
+    async def admit(self) -> bool:
+        """Wait for room to attempt one entity; False once the streak has tripped."""
+        if self.tripped is None and not self._open():
+            if self._changed is None:
+                self._changed = asyncio.Condition()
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.tripped is not None or self._open())
+        if self.tripped is not None:
+            return False
+        self.in_flight += 1
+        return True
+
+    async def done(self) -> None:
+        """One admitted attempt has its outcome (counted by ``success`` or ``failure``)."""
+        self.in_flight -= 1
+        if self._changed is not None:
+            async with self._changed:
+                self._changed.notify_all()
+
     def success(self) -> None:
+        self.proven = True
         self.count = 0
         self._signature = None
 
@@ -58,8 +88,12 @@ class BugStreak:
         """Count one entity's error; True when this one tripped the streak."""
         found = signature(exc)
         if found is None:
-            self.success()
+            if isinstance(exc, Skip):
+                self.proven = True  # the job's code ran and decided
+            self.count = 0  # not a bug: the streak starts again
+            self._signature = None
             return False
+        self.proven = False
         if found == self._signature:
             self.count += 1
         else:

@@ -56,7 +56,7 @@ class Worker:
         if self.lease.is_lost(item.scope, item.id):
             self.lost.append(item)
             return
-        if self.breaker.open or (self.bugs is not None and self.bugs.tripped):
+        if self.breaker.open:
             # Not attempted: the caller queues it (a run) or leaves its message for later
             # (a consumer); an attempt the backend never saw does not count against it.
             self.unstarted.append(item)
@@ -67,8 +67,15 @@ class Worker:
         elif self.lease.is_lost(item.scope, item.id):
             self.lost.append(item)  # the heartbeat the fence waited for found it taken
             return
+        elif self.bugs is not None and not await self.bugs.admit():
+            self.unstarted.append(item)  # a bug stopped the work: left for a fixed job
+            return
         else:
-            outcome = await self._process(item)
+            try:
+                outcome = await self._process(item)
+            finally:
+                if self.bugs is not None:
+                    await self.bugs.done()
         # The ledger counts attempts: the run's first one, then one per retry.
         outcome = self.policy.settle(outcome, item.attempts, at_once=self.at_once)
         if self.on_outcome is not None:
