@@ -58,9 +58,12 @@ def worker(
     """Consume the queue until SIGTERM: shards, retries, submitted tasks and continuations.
 
     For ECS, EC2 or any host; the SQS-triggered Lambda runs the same processing. A mail
-    outage does not stop it: it backs off and polls on (a mailer or queue unusable when
-    it starts is exit 1, one line). SIGTERM finishes the entities in flight and hands the
-    rest of a shard on.
+    outage does not stop it: it backs off and polls on, and started while the mail server
+    (or the queue) is down it waits for it (backoff up to 30 s, one log line per change)
+    and then serves. SIGTERM finishes the entities in flight and hands the rest of a shard
+    on. Messages for a job it does not know stay on the queue; at its end it exits 1 with
+    one line naming the job (give its module with --jobs). The same error for
+    BATCHRUN_BUG_THRESHOLD entities in a row (a bug in a job) stops it with exit 1.
     """
     context: Context = ctx.obj
     settings = context.settings
@@ -125,7 +128,15 @@ def retry(
     """Drain the retry queue once: redo each failed entity, delete what succeeds.
 
     What fails again comes back later (exponential backoff); after the last attempt it is
-    dead-lettered and listed by `batchrun status`. Counts are entities, not messages.
+    dead-lettered and listed by `batchrun status` and `batchrun dead list`. Counts are
+    entities, not messages. A task whose entity the job's page does not return is dropped
+    (not_eligible), the ledger left as it was. Messages for a job this process does not
+    know stay on the queue (unknown_job) and the drain exits 1 naming it: give the job's
+    module with --jobs.
+
+    \b
+    Example:
+      batchrun --jobs myjobs.py retry --json
     """
     context: Context = ctx.obj
     settings = context.settings

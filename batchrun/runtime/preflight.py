@@ -16,8 +16,10 @@ once), which is why a dry run, which sends nothing, checks the tables and the qu
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +38,7 @@ from batchrun.queue.base import RetryQueue
 from batchrun.urls import mask_text
 
 if TYPE_CHECKING:
+    from batchrun.engine import StopToken
     from batchrun.templates import Templates
 
 log = logging.getLogger(__name__)
@@ -95,3 +98,36 @@ async def check_mailer(mailer: Mailer, *urls: str | None) -> None:
         await check()
     except BatchrunError as exc:
         raise MailConnectionError(mask_text(f"mail: {exc}", *urls)) from exc
+
+
+async def wait_until_usable(
+    check: Callable[[], Awaitable[None]],
+    stop: StopToken,
+    *,
+    first_s: float = 1.0,
+    max_s: float = 30.0,
+) -> bool:
+    """Run ``check`` until it passes: while it raises MailConnectionError or QueueError
+    (the mail server or the queue is down), wait ``first_s``, doubling up to ``max_s``, and
+    try again. One log line when it starts failing (and per new cause), one when it passes
+    again. False when ``stop`` came first. A worker starts this way: a supervisor need not
+    restart it until the mail server is up.
+    """
+    pause = first_s
+    failing: str | None = None
+    while True:
+        try:
+            await check()
+        except (MailConnectionError, QueueError) as exc:
+            if str(exc) != failing:
+                failing = str(exc)
+                log.warning("%s; waiting for it (checking again up to every %.0f s)", exc, max_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait_stopping(), timeout=pause)
+            if stop.stopping:
+                return False
+            pause = min(max_s, pause * 2)
+            continue
+        if failing is not None:
+            log.warning("the checks pass again: serving")
+        return True

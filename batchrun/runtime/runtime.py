@@ -318,12 +318,17 @@ class Runtime:
         tasks and continuations, each message kept invisible while it is worked on.
 
         A mail outage does not end the worker: it backs off (1 s, doubling to 30 s) and
-        polls on, so a supervisor never has to restart it.
+        polls on, so a supervisor never has to restart it; one at its start (the mail
+        server or the queue failing their checks) makes it wait the same way.
         """
         options = options or Options()
         started = time.monotonic()
-        await self.preflight(queue=queue)
         result = RetrySummary()
+        checked = await preflight.wait_until_usable(
+            lambda: self.preflight(queue=queue), self.stop, max_s=OUTAGE_BACKOFF_S[1]
+        )
+        if not checked:
+            return result  # stopped while the mail server (or the queue) was down
         idle_since = time.monotonic()
         requeued_at = 0.0
         outage = 0
