@@ -12,7 +12,7 @@ from conftest import query, run_cli
 
 from batchrun.runtime.bugs import BugStreak, signature
 
-JOB = '''
+JOB = """
 import batchrun
 
 class Note(batchrun.Job):
@@ -30,7 +30,7 @@ class Note(batchrun.Job):
             row["no_such_column"]
         await ctx.send_email(to="someone@example.com", template="note",
                              name=row["first_name"])
-'''
+"""
 
 
 def setup(db_url: str, tmp_path: Path, body: str) -> dict[str, str]:
