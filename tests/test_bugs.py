@@ -92,7 +92,8 @@ def test_an_undefined_template_variable_stops_after_ten(db_url: str, tmp_path: P
     env = setup(db_url, tmp_path, "Hello {{ nmae }}\n")
     result = run_cli("run", "note", "--period", "2025-06", env=env)
     assert result.returncode == 1, result.stderr
-    assert "'nmae' is undefined" in result.stderr.strip().splitlines()[-1]
+    line = one_error(result.stderr)
+    assert "'nmae' is undefined" in line and "note/body.txt" in line
     assert touched(db_url) <= 10 and queued(db_url) <= 10
     assert sent(tmp_path) == 0
 

@@ -95,7 +95,7 @@ class Worker:
 
     def _bug(self, exc: Exception) -> None:
         if self.bugs is not None and self.bugs.failure(exc, job=self.job.name):
-            log.error("%s", self.bugs.tripped)
+            log.info("%s", self.bugs.tripped)  # the command says it once, at its end
             self.stop.request("bug in the job")
 
     def _failed(self, exc: Exception) -> Outcome:
