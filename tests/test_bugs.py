@@ -5,11 +5,20 @@ row stops it with those queued once and the rest left pending."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import query, run_cli
+from conftest import query, run_cli, seed_users
 
+from batchrun.db import Store
+from batchrun.job import Context, Job
+from batchrun.jobs.birthday import Birthday
+from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.queue.base import QueueMessage
+from batchrun.queue.local import LocalQueue
+from batchrun.runtime import Options, Runtime
 from batchrun.runtime.bugs import BugStreak, signature
 
 JOB = """
@@ -133,3 +142,43 @@ def test_the_streak_counts_one_signature_in_a_row() -> None:
     assert not streak.failure(boom("a"), job="j")
     assert streak.failure(boom("a"), job="j")
     assert streak.tripped is not None and "KeyError" in streak.tripped
+
+
+class Broken(Job):
+    """A job with a bug in ``process``, over the seed's users."""
+
+    name = "broken"
+    period = "month"
+
+    async def page(self, ctx: Context, after: int, limit: int) -> list[dict[str, Any]]:
+        table = '"user"' if ctx.db.dialect == "postgresql" else "user"
+        return await ctx.db.fetch(
+            f"SELECT id, email FROM {table} WHERE id > :after ORDER BY id LIMIT :limit",
+            after=after,
+            limit=limit,
+        )
+
+    async def process(self, ctx: Context, row: dict[str, Any]) -> None:
+        row["no_such_column"]
+
+
+async def test_a_bug_stops_a_retry_drain_after_ten(
+    store: Store, db_url: str, make_settings: Callable[..., Any]
+) -> None:
+    await seed_users(store, 100, seed=5)
+    settings = make_settings(db_url)
+    queue = LocalQueue(store.db, max_receives=5)
+    rt = Runtime([Birthday(), Broken()], store, mailer_from_url(settings.mail_url), queue, settings)
+    ids = [int(r[0]) for r in query(db_url, "SELECT id FROM user ORDER BY id LIMIT 30")]
+    await queue.send(
+        [QueueMessage("task", "broken", "2025-06", entity_id=i).to_json() for i in ids]
+    )
+    result = await rt.retry(Options(concurrency=20))
+    assert result.exit_code == 1
+    assert result.error is not None and "KeyError" in result.error
+    assert "error" in result.to_json()
+    worked = query(
+        db_url, "SELECT COUNT(*) FROM batchrun_ledger WHERE job = 'broken' AND state <> 0"
+    )
+    assert worked[0][0] == 10
+    assert await queue.depths() == (30, 0), "every message stays for the fixed job"
