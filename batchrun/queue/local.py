@@ -72,6 +72,9 @@ class LocalQueue:
             await self.db.execute("queue_delete", ids=[int(i.message_id) for i in items])
 
     async def retry_later(self, item: Received, delay_s: float) -> None:
+        if not item.message_id.isdigit():
+            # A record from elsewhere (an SQS event with this table configured as the queue).
+            raise QueueError(f"message {item.message_id!r} is not a row of batchrun_queue")
         await self.db.execute(
             "queue_change_visibility",
             id=int(item.message_id),
