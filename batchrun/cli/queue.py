@@ -132,11 +132,7 @@ def retry(
     entities, not messages. A task whose entity the job's page does not return is dropped
     (not_eligible), the ledger left as it was. Messages for a job this process does not
     know stay on the queue (unknown_job) and the drain exits 1 naming it: give the job's
-    module with --jobs.
-
-    \b
-    Example:
-      batchrun --jobs myjobs.py retry --json
+    module with --jobs (`batchrun --jobs myjobs.py retry`).
     """
     context: Context = ctx.obj
     settings = context.settings
