@@ -11,12 +11,22 @@ import typer
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, period_option, rate_option, run_command, stderr, stdout
+from batchrun.cli.app import (
+    Context,
+    app,
+    error_text,
+    period_option,
+    rate_option,
+    run_command,
+    stderr,
+    stdout,
+)
 from batchrun.cli.output import ASKED, Month, progress_bar, table
 from batchrun.errors import UsageError
 from batchrun.period import Period
 from batchrun.period import parse as parse_period
 from batchrun.runtime import Options
+from batchrun.runtime.reports import Summary
 
 Concurrency = Annotated[
     int, typer.Option("--concurrency", min=1, help="Entities worked on at once.")
@@ -162,6 +172,8 @@ def _run_job(
             return await _fan_out(context, name, which, fan_out, shard_size, as_json)
         stop = engine.StopToken()
         uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
+        started: list[Summary] = []
+        options.on_start = started.append
         try:
             async with open_backends(
                 settings,
@@ -179,6 +191,11 @@ def _run_job(
                         bar.set_total(month.bar_total(options.limit), month.done_before)
                     options.on_progress = bar.advance
                     summary = await runtime.run(which, options, job=name, dry_run=dry_run)
+        except Exception as exc:
+            if as_json:  # what the run reached, and why it ended (the line follows)
+                data = started[0].to_json() if started else {"job": name, "period": str(which)}
+                print(json.dumps({**data, "error": error_text(context, exc)}))
+            raise
         finally:
             uninstall()
         data = summary.to_json()

@@ -49,6 +49,7 @@ class Verdict:
     outcome: State | None = None  # the entity's outcome, when the message named one
     summary: Summary | None = None  # the run a continuation or shard message started
     counted: bool = True  # False for a second message naming an entity already counted
+    unknown: bool = False  # the job's statement lost its reply (unknown_outcome)
 
 
 async def process(
@@ -256,7 +257,13 @@ def _verdict(rt: Runtime, outcome: Outcome | None, claim: Claim | None, *, lost:
         delay = backoff_s(
             attempts, base_s=rt.settings.retry_base_s, max_s=rt.settings.retry_max_backoff_s
         )
-    return Verdict("later", outcome.reason or "", delay_s=delay, outcome=State.RETRYING)
+    return Verdict(
+        "later",
+        outcome.reason or "",
+        delay_s=delay,
+        outcome=State.RETRYING,
+        unknown=outcome.unknown,
+    )
 
 
 async def _iterate(items: Sequence[Item]) -> AsyncIterator[Item]:
