@@ -13,6 +13,7 @@ statement reaches the server, or every connection at once::
         proxy.drop_reply(b"balance = balance + 10")     # the next such statement's reply
         proxy.drop_reply(b"SET state", reply_contains=b"UPDATE", times=2)
         proxy.close_before(b"INSERT INTO account")      # never reaches the server
+        proxy.drop_reply(b"batchrun_ledger", chance=0.05, times=20, seed=7)   # at random
         proxy.close_all()                               # every connection, now
         assert proxy.dropped == 1
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import threading
 from dataclasses import dataclass
 from typing import Self
@@ -44,6 +46,7 @@ class _Rule:
     times: int
     reply_contains: bytes | None = None
     before: bool = False  # close before forwarding (the statement never reaches the server)
+    chance: float = 1.0  # the share of matching statements the rule hits
 
 
 @dataclass(eq=False)  # hashed by identity: one per connection
@@ -66,6 +69,7 @@ class TcpProxy:
         self._rules: list[_Rule] = []
         self._links: set[_Link] = set()
         self._lock = threading.Lock()
+        self._rng = random.Random(0)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
@@ -105,13 +109,23 @@ class TcpProxy:
     # -- faults, from the test's thread ---------------------------------------------------
 
     def drop_reply(
-        self, marker: bytes, *, reply_contains: bytes | None = None, times: int = 1
+        self,
+        marker: bytes,
+        *,
+        reply_contains: bytes | None = None,
+        times: int = 1,
+        chance: float = 1.0,
+        seed: int | None = None,
     ) -> None:
         """The next ``times`` statements containing ``marker`` reach the server; the reply
         to each (the first server chunk after it, or after it containing
-        ``reply_contains``) is dropped and its connection closed both ways."""
+        ``reply_contains``) is dropped and its connection closed both ways. With
+        ``chance`` below 1, only that share of the matching statements, at random
+        (``seed`` replays the choices)."""
         with self._lock:
-            self._rules.append(_Rule(marker, times, reply_contains))
+            if seed is not None:
+                self._rng.seed(seed)
+            self._rules.append(_Rule(marker, times, reply_contains, chance=chance))
 
     def close_before(self, marker: bytes, *, times: int = 1) -> None:
         """The next ``times`` statements containing ``marker`` never reach the server:
@@ -172,6 +186,8 @@ class TcpProxy:
         with self._lock:
             for rule in self._rules:
                 if rule.times > 0 and rule.marker in data:
+                    if rule.chance < 1.0 and self._rng.random() >= rule.chance:
+                        continue
                     rule.times -= 1
                     return rule
         return None
