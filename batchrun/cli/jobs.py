@@ -96,7 +96,8 @@ def birthday(
 
     The same as `batchrun run birthday --period MONTH`. Running the same month again does
     nothing new. Exit 0 when every user is done, 3 when some failed and wait in the retry
-    queue (run `batchrun retry`).
+    queue (run `batchrun retry`), 1 on an error (one `error:` line; with --json the
+    summary still, with an "error" key).
     """
     which = period_option("month", month, "--month")
     pace = rate_option(rate)
@@ -132,7 +133,8 @@ def run(
 ) -> None:
     """Run JOB for one period: every entity its page returns, exactly once per its once_per.
 
-    Exit 0 when every entity is done, 3 when some failed and wait in the retry queue.
+    Exit 0 when every entity is done, 3 when some failed and wait in the retry queue, 1 on
+    an error (one `error:` line; with --json the summary still, with an "error" key).
     """
     pace = rate_option(rate)
     options = Options(

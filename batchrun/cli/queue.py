@@ -10,7 +10,7 @@ import typer
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, rate_option, run_command, stderr
+from batchrun.cli.app import Context, app, error_text, rate_option, run_command, stderr
 from batchrun.cli.output import ASKED, table
 from batchrun.runtime import Options
 
@@ -124,7 +124,8 @@ def retry(
     """Drain the retry queue once: redo each failed entity, delete what succeeds.
 
     What fails again comes back later (exponential backoff); after the last attempt it is
-    dead-lettered and listed by `batchrun status`. Counts are entities, not messages.
+    dead-lettered and listed by `batchrun status`. Counts are entities, not messages. On an
+    error, one `error:` line (and with --json an object with an "error" key), exit 1.
     """
     context: Context = ctx.obj
     settings = context.settings
@@ -145,6 +146,10 @@ def retry(
                 result = await context.runtime(backends, stop).retry(
                     Options(concurrency=concurrency, rate=pace), max_messages=max_messages
                 )
+        except Exception as exc:
+            if as_json:  # the drain ended on an error: still one JSON object (the line follows)
+                print(json.dumps({"error": error_text(context, exc)}))
+            raise
         finally:
             uninstall()
         if as_json:
