@@ -13,7 +13,16 @@ from rich.markup import escape
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, period_option, rate_option, run_command, stderr, stdout
+from batchrun.cli.app import (
+    Context,
+    app,
+    error_text,
+    period_option,
+    rate_option,
+    run_command,
+    stderr,
+    stdout,
+)
 from batchrun.cli.output import ASKED, Bar, Month, progress_bar, table
 from batchrun.errors import UsageError
 from batchrun.period import Period
@@ -89,7 +98,8 @@ def birthday(
 
     The same as `batchrun run birthday --period MONTH`. Running the same month again does
     nothing new. Exit 0 when every user is done, 3 when some failed and wait in the retry
-    queue (run `batchrun retry`).
+    queue (run `batchrun retry`), 1 on an error (one `error:` line; with --json the
+    summary still, with an "error" key).
     """
     which = period_option("month", month, "--month")
     pace = rate_option(rate)
@@ -125,7 +135,8 @@ def run(
 ) -> None:
     """Run JOB for one period: every entity its page returns, exactly once per its once_per.
 
-    Exit 0 when every entity is done, 3 when some failed and wait in the retry queue.
+    Exit 0 when every entity is done, 3 when some failed and wait in the retry queue, 1 on
+    an error (one `error:` line; with --json the summary still, with an "error" key).
     """
     pace = rate_option(rate)
     options = Options(
@@ -165,6 +176,8 @@ def _run_job(
             return await _fan_out(context, name, which, fan_out, shard_size, as_json)
         stop = engine.StopToken()
         uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
+        started: list[Summary] = []
+        options.on_start = started.append
         try:
             async with open_backends(
                 settings,
@@ -193,6 +206,11 @@ def _run_job(
                         code = _exit_code(summary, stop)
                         if record is not None:
                             await record.end(code, summary.to_json(), stopped=summary.stopped)
+        except Exception as exc:
+            if as_json:  # what the run reached, and why it ended (the line follows)
+                data = started[0].to_json() if started else {"job": name, "period": str(which)}
+                print(json.dumps({**data, "error": error_text(context, exc)}))
+            raise
         finally:
             uninstall()
         data = summary.to_json()

@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, rate_option, run_command, stderr
+from batchrun.cli.app import Context, app, error_text, rate_option, run_command, stderr
 from batchrun.cli.output import ASKED, table
 from batchrun.runtime import Options, RetrySummary
 from batchrun.runtime.runrecord import RunRecord
@@ -138,7 +138,8 @@ def retry(
     entities, not messages. A task whose entity the job's page does not return is dropped
     (not_eligible), the ledger left as it was. Messages for a job this process does not
     know stay on the queue (unknown_job) and the drain exits 1 naming it: give the job's
-    module with --jobs (`batchrun --jobs myjobs.py retry`).
+    module with --jobs (`batchrun --jobs myjobs.py retry`). On an error, one `error:` line
+    (and with --json an object with an "error" key), exit 1.
     """
     context: Context = ctx.obj
     settings = context.settings
@@ -164,6 +165,10 @@ def retry(
                     result = await runtime.retry(options, max_messages=max_messages)
                     code = 130 if stop.stopping else result.exit_code
                     await record.end(code, result.to_json(), stopped=stop.reason)
+        except Exception as exc:
+            if as_json:  # the drain ended on an error: still one JSON object (the line follows)
+                print(json.dumps({"error": error_text(context, exc)}))
+            raise
         finally:
             uninstall()
         if as_json:

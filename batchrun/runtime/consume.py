@@ -55,6 +55,7 @@ class Verdict:
     counted: bool = True  # False for a second message naming an entity already counted
     not_eligible: bool = False  # the page does not return its entity: dropped, ledger as was
     unknown_job: str | None = None  # a job this process does not know: kept on the queue
+    unknown: bool = False  # the job's statement lost its reply (unknown_outcome)
 
 
 async def process(
@@ -287,7 +288,13 @@ def _verdict(rt: Runtime, outcome: Outcome | None, claim: Claim | None, *, lost:
         delay = backoff_s(
             attempts, base_s=rt.settings.retry_base_s, max_s=rt.settings.retry_max_backoff_s
         )
-    return Verdict("later", outcome.reason or "", delay_s=delay, outcome=State.RETRYING)
+    return Verdict(
+        "later",
+        outcome.reason or "",
+        delay_s=delay,
+        outcome=State.RETRYING,
+        unknown=outcome.unknown,
+    )
 
 
 async def _iterate(items: Sequence[Item]) -> AsyncIterator[Item]:

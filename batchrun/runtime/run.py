@@ -57,6 +57,8 @@ class Options:
     # settings' BATCHRUN_MAX_DB_LOAD, else never). MySQL/MariaDB only.
     max_db_load: int | None = None
     on_progress: Callable[[Progress], None] | None = None
+    # Given the run's summary as the run starts: what it reached is known if it fails.
+    on_start: Callable[[Summary], None] | None = None
 
 
 def new_summary(job: Job, period: Period, dry_run: bool) -> Summary:
@@ -85,6 +87,8 @@ async def run_period(
 ) -> Summary:
     """Run ``job`` over ``period`` (entities with ids in (after, until])."""
     summary = new_summary(job, period, dry_run)
+    if options.on_start is not None:
+        options.on_start(summary)
     started = time.monotonic()
     missing = await rt.store.missing_requirements(job)
     if missing is not None:
@@ -98,11 +102,13 @@ async def run_period(
         async with Lease(
             rt.store, lease_s=rt.settings.lease_s, stop=stop, steering=rt.steering
         ) as lease:
-            await _run(rt, job, period, options, summary, lease, after, until)
-            summary.lost_claims = lease.lost_claims
+            try:
+                await _run(rt, job, period, options, summary, lease, after, until)
+            finally:
+                summary.lost_claims = lease.lost_claims
     finally:
         stop.detach()
-    summary.duration_s = time.monotonic() - started
+        summary.duration_s = time.monotonic() - started
     return summary
 
 
@@ -142,6 +148,7 @@ async def _run(
             runner.progress("skipped")
         else:
             summary.failed += 1
+            summary.unknown_outcome += outcome.unknown
             runner.progress("failed")
 
     def claimed(count: int) -> None:

@@ -482,3 +482,4 @@ def _count(result: RetrySummary, verdict: Verdict) -> None:
         result.dead_lettered += 1
     elif verdict.counted and verdict.outcome is not None:
         result.add_entity(verdict.outcome)
+        result.unknown_outcome += verdict.unknown
