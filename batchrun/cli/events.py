@@ -40,7 +40,9 @@ def events(
     A permanent bounce or a complaint puts the address on the suppression list (reason
     bounce or complaint, source the SES message id) and notes it on the entity's ledger row
     (`batchrun status` counts them); a transient bounce or any other event changes
-    nothing; a message that is no SES event goes to the queue's dead-letter queue.
+    nothing; a message that is no SES event goes to the queue's dead-letter queue, alone:
+    the rest of its batch is applied. Exit 0 when every message was applied or
+    dead-lettered, 1 when the database failed on some (left on the queue for a later run).
     """
     context: Context = ctx.obj
     settings = context.settings
@@ -72,6 +74,12 @@ def events(
         if summary.poison:
             stderr.print(
                 f"{summary.poison} messages were no SES event: moved to the dead-letter queue",
+                highlight=False,
+            )
+        if summary.failed:
+            stderr.print(
+                f"[red]error:[/] {summary.failed} messages could not be applied (the database "
+                "failed on them): left on the queue for a later run",
                 highlight=False,
             )
         if stop.stopping:

@@ -11,8 +11,8 @@ another shape stops migrate before any step.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 from batchrun.db import ddl
 from batchrun.db.base import Database, now_ms
@@ -27,6 +27,11 @@ log = logging.getLogger(__name__)
 
 class Schema:
     """Migration steps, plans and requirements over a Database (``Store`` extends it)."""
+
+    # Data steps SQL cannot do (IDNA, Unicode case folding): step name -> the method that
+    # does it. Such a step's SQL block holds only its guard and comments; the method
+    # must be idempotent, since the step is recorded only after it returns.
+    python_steps: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -78,6 +83,10 @@ class Schema:
         return applied
 
     async def _run_step(self, name: str, step: Statement, *, allow_locking: bool) -> None:
+        method = self.python_steps.get(name)
+        if method is not None:
+            await getattr(self, method)()
+            return
         try:
             await self.db.run_step(step)
         except ddl.NotOnlineError as exc:

@@ -14,10 +14,10 @@ from batchrun.mail.message import (
     MAX_NAME_CHARS,
     Message,
     _address,
-    _encoded_word,
     clean_text,
     valid_address,
 )
+from batchrun.mail.headers import _encoded_word
 
 if TYPE_CHECKING:
     from batchrun.mail.dkim import DkimSigner
