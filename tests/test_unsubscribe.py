@@ -252,7 +252,9 @@ async def test_addresses_compare_in_one_key_case_folded_and_in_idna(store: Store
     found = await store.suppressed(
         ["Bob@example.com", "BOB@EXAMPLE.com", "bob@example.com", "Böb@example.com", "x"]
     )
-    assert found == dict.fromkeys(["Bob@example.com", "BOB@EXAMPLE.com", "bob@example.com"], "manual")
+    assert found == dict.fromkeys(
+        ["Bob@example.com", "BOB@EXAMPLE.com", "bob@example.com"], "manual"
+    )
     entry = await store.suppression("Bob@EXAMPLE.COM")
     assert entry is not None
     assert (entry.address, entry.reason, entry.source) == ("bob@example.com", "manual", "test")

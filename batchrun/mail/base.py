@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from batchrun.errors import ConfigError
+from batchrun.mail.headers import _encoded_word
 from batchrun.mail.message import (
     MAX_ADDRESS_CHARS,
     MAX_NAME_CHARS,
@@ -17,7 +18,6 @@ from batchrun.mail.message import (
     clean_text,
     valid_address,
 )
-from batchrun.mail.headers import _encoded_word
 
 if TYPE_CHECKING:
     from batchrun.mail.dkim import DkimSigner
