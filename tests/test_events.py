@@ -65,13 +65,13 @@ def mailed(db_url: str) -> list[tuple[int, str]]:
     return [(int(r[0]), str(r[1])) for r in rows if valid_address(str(r[1]))]
 
 
-async def mailed_run(make_job: Callable[..., Any], db_url: str) -> Runtime:
+async def mailed_run(make_job: Callable[..., Any], db_url: str, users: int = 120) -> Runtime:
     """A migrated database whose June birthday run has sent (to files)."""
     database = await connect(db_url, create=True)
     try:
         store = Store(database)
         await store.migrate([Birthday()])
-        await seed_users(store, 120, seed=3)
+        await seed_users(store, users, seed=3)
     finally:
         await database.close()
     runtime: Runtime = await make_job(db_url)
