@@ -11,7 +11,7 @@ import typer
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, run_command, stderr
+from batchrun.cli.app import Context, app, error_line, run_command, stderr
 from batchrun.cli.output import table
 from batchrun.mail import events as mail_events
 from batchrun.runtime.runrecord import RunRecord
@@ -78,8 +78,10 @@ def events(
             )
         if summary.failed:
             stderr.print(
-                f"[red]error:[/] {summary.failed} messages could not be applied (the database "
-                "failed on them): left on the queue for a later run",
+                error_line(
+                    f"{summary.failed} messages could not be applied (the database failed "
+                    "on them): left on the queue for a later run"
+                ),
                 highlight=False,
             )
         if stop.stopping:
