@@ -23,8 +23,7 @@ _NAME = re.compile(r"^--\s*name:\s*([\w.-]+)\s*$", re.MULTILINE)
 # character like any other, but for PostgreSQL's E'...' strings, where it escapes.
 _PARAM = r"--[^\n]*|/\*.*?\*/|(?<![:\w]):([A-Za-z_]\w*)(\*?)|%"
 _TOKEN = re.compile(
-    r"(?<!\w)[Ee]'(?:[^'\\]|''|\\.)*'|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`(?:[^`]|``)*`|"
-    + _PARAM,
+    r"(?<!\w)[Ee]'(?:[^'\\]|''|\\.)*'|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`(?:[^`]|``)*`|" + _PARAM,
     re.DOTALL,
 )
 # MySQL: a backslash escapes the next character in '...' and "..." strings ('it\'s :x').
