@@ -19,6 +19,7 @@ from test_events import FakeContext, mailed, mailed_run, sample
 from batchrun import aws_lambda
 from batchrun.db import Store, connect
 from batchrun.db.store import State
+from batchrun.errors import DatabaseError
 from batchrun.jobs.birthday import Birthday
 from batchrun.jobs.month import Month
 from batchrun.mail import events
@@ -208,3 +209,36 @@ async def test_a_bounce_in_a_label_form_suppresses_the_unicode_address_and_jo_is
 
 def _received(body: str) -> Received:
     return Received(message_id="x", receipt="r", body=body, receive_count=1)
+
+
+class FlakyStore:
+    """A store whose writes fail for one address (the database refusing that value, or
+    going away mid-batch): enough of Store for ``events.apply``."""
+
+    def __init__(self, failing: str) -> None:
+        self.failing = failing
+        self.suppressed: list[str] = []
+
+    async def suppress(self, address: str, *, reason: str, source: str = "") -> bool:
+        if address == self.failing:
+            raise DatabaseError("database sqlite:///x: value refused")
+        self.suppressed.append(address)
+        return True
+
+    async def record_mail_event(self, **_: Any) -> bool:
+        return True
+
+
+async def test_a_record_the_database_fails_on_stays_queued_alone_the_rest_apply() -> None:
+    store = FlakyStore("b@example.com")
+    items = [
+        _received(sample("raw_event_permanent_bounce", address=f"{who}@example.com", entity=n))
+        for n, who in enumerate("abc", 1)
+    ]
+    summary = events.EventsSummary()
+    applied = await events.apply_items(store, items, summary)  # type: ignore[arg-type]
+    assert store.suppressed == ["a@example.com", "c@example.com"]
+    assert (len(applied.done), len(applied.poison), len(applied.failed)) == (2, 0, 1)
+    assert applied.failed[0][0] is items[1]
+    assert (summary.bounces, summary.suppressed, summary.failed) == (2, 2, 1)
+    assert summary.exit_code == 1  # not applied, left on the queue: not "all done"
