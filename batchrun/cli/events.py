@@ -43,6 +43,8 @@ def events(
     nothing; a message that is no SES event goes to the queue's dead-letter queue, alone:
     the rest of its batch is applied. Exit 0 when every message was applied or
     dead-lettered, 1 when the database failed on some (left on the queue for a later run).
+    With BATCHRUN_EVENTS_TOPIC (an SNS topic ARN) set, only notifications from that topic
+    are applied; the others are dead-lettered.
     """
     context: Context = ctx.obj
     settings = context.settings
@@ -58,7 +60,11 @@ def events(
                     runtime = context.runtime(backends, stop)
                     async with RunRecord(runtime, kind="events") as record:
                         summary = await mail_events.drain(
-                            queue, backends.store, max_messages=max_messages, stop=stop
+                            queue,
+                            backends.store,
+                            max_messages=max_messages,
+                            stop=stop,
+                            topic=settings.environ.get("BATCHRUN_EVENTS_TOPIC", "").strip(),
                         )
                         summary.duration_s = time.monotonic() - started
                         code = 130 if stop.stopping else summary.exit_code

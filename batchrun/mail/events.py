@@ -320,9 +320,10 @@ async def drain(
     *,
     max_messages: int = 10_000,
     stop: StopToken | None = None,
+    topic: str = "",
 ) -> EventsSummary:
     """Read the events queue until it is empty (or ``max_messages``), applying each event;
-    delete what was applied, dead-letter poison at once."""
+    delete what was applied, dead-letter poison at once. ``topic``: as for ``parse``."""
     summary = EventsSummary()
     while summary.read < max_messages and not (stop is not None and stop.stopping):
         items = await queue.receive(
@@ -330,7 +331,7 @@ async def drain(
         )
         if not items:
             break
-        applied = await apply_items(store, items, summary)
+        applied = await apply_items(store, items, summary, topic=topic)
         try:
             for item, reason in applied.poison:
                 await queue.dead_letter(item, reason)
