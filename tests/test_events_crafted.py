@@ -242,3 +242,27 @@ async def test_a_record_the_database_fails_on_stays_queued_alone_the_rest_apply(
     assert applied.failed[0][0] is items[1]
     assert (summary.bounces, summary.suppressed, summary.failed) == (2, 2, 1)
     assert summary.exit_code == 1  # not applied, left on the queue: not "all done"
+
+
+async def test_cli_events_takes_only_the_topic_batchrun_events_topic_names(
+    sqlite_url: str, make_job: Callable[..., Any], moto_server: MotoServer, aws_env: dict[str, str]
+) -> None:
+    await mailed_run(make_job, sqlite_url)
+    (a, a_mail), (b, b_mail) = mailed(sqlite_url)[:2]
+    url, dlq = make_queue_with_dlq(moto_server, "ses-events", dlq_name="ses-events-dlq")
+    sqs = aws_client(moto_server)
+    ours = sample("sns_event_permanent_bounce", address=a_mail, entity=a)
+    stranger = sample("sns_event_permanent_bounce", address=b_mail, entity=b).replace(
+        TOPIC, TOPIC + "-stranger"
+    )
+    for body in (ours, stranger):
+        sqs.send_message(QueueUrl=url, MessageBody=body)
+    env = {**aws_env, "BATCHRUN_DB": sqlite_url, "BATCHRUN_EVENTS_TOPIC": TOPIC}
+    result = await asyncio.to_thread(run_cli, "events", "--queue", url, "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["suppressed"], summary["poison"]) == (1, 1)
+    rows = dict(query(sqlite_url, "SELECT address, reason FROM batchrun_suppression"))
+    assert rows == {a_mail.lower(): "bounce"}
+    (dead,) = sqs.receive_message(QueueUrl=dlq, MaxNumberOfMessages=10)["Messages"]
+    assert dead["Body"] == stranger
