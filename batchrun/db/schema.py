@@ -28,10 +28,10 @@ log = logging.getLogger(__name__)
 class Schema:
     """Migration steps, plans and requirements over a Database (``Store`` extends it)."""
 
-    # Data steps SQL cannot do (IDNA, Unicode case folding): step name -> the method that
-    # does it. Such a step's SQL block holds only its guard and comments; the method
-    # must be idempotent, since the step is recorded only after it returns.
-    python_steps: ClassVar[Mapping[str, str]] = {}
+    # Data steps SQL cannot do (IDNA, Unicode case folding): step name -> (the method that
+    # does it, the table it rewrites). Such a step's SQL block holds only its guard and
+    # comments; the method must be idempotent: the step is recorded after it returns.
+    python_steps: ClassVar[Mapping[str, tuple[str, str]]] = {}
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -83,9 +83,8 @@ class Schema:
         return applied
 
     async def _run_step(self, name: str, step: Statement, *, allow_locking: bool) -> None:
-        method = self.python_steps.get(name)
-        if method is not None:
-            await getattr(self, method)()
+        if name in self.python_steps:
+            await getattr(self, self.python_steps[name][0])()
             return
         try:
             await self.db.run_step(step)
@@ -121,6 +120,10 @@ class Schema:
         return list((await self._foreign_database_jobs(list(jobs))).values())
 
     async def _plan_of(self, name: str, step: Statement) -> ddl.StepPlan:
+        if name in self.python_steps:
+            table = self.python_steps[name][1]
+            rows = await self.db.estimate_rows(table)
+            return ddl.StepPlan(name, "rewrite rows", table, None, None, rows)
         plan = ddl.describe(name, step)
         if plan.table is None:
             return plan

@@ -113,8 +113,8 @@ class Store(Schema):
     """Schema (``Schema``: migrate, plan, what jobs need), ledger and suppression-list
     operations over a Database."""
 
-    python_steps: ClassVar[Mapping[str, str]] = {
-        "migrate_0040_suppression_keys": "rekey_suppressions"
+    python_steps: ClassVar[Mapping[str, tuple[str, str]]] = {
+        "migrate_0040_suppression_keys": ("rekey_suppressions", "batchrun_suppression")
     }
 
     def __init__(self, db: Database) -> None:
