@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, period_option, run_command, stdout
@@ -109,7 +110,9 @@ def status(
         if problems:
             out = Table("id", "state", "attempts", "reason", title="entities not done")
             for p in data["problems"]:
-                out.add_row(str(p["id"]), p["state"], str(p["attempts"]), p["reason"] or "")
+                # Text, not markup: a reason may hold "[/path]" (an error's own words).
+                reason = Text(p["reason"] or "")
+                out.add_row(str(p["id"]), p["state"], str(p["attempts"]), reason)
             stdout.print(out)
         if more:
             stdout.print(f"… and {more} more (`batchrun status --all` lists them)", highlight=False)
