@@ -215,6 +215,11 @@ class Job:
         retry: the ``RetryPolicy`` (attempts, backoff, max_delay_s); unset fields take
             the deployment's (``BATCHRUN_MAX_RECEIVES``, ``BATCHRUN_RETRY_BASE_S``,
             ``BATCHRUN_RETRY_MAX_BACKOFF_S``).
+        address: the page column that holds the recipient's email address (default
+            ``"email"``): batchrun looks each page's addresses up on the suppression list
+            before ``prepare``, and a dry run counts an invalid or suppressed one skipped.
+        sender: the From of the job's emails, e.g. ``"Shop <renewals@shop.example>"``;
+            ``--from`` (``BATCHRUN_FROM``) overrides it. Default: ``"{name}@localhost"``.
     """
 
     name: ClassVar[str] = ""
@@ -227,10 +232,17 @@ class Job:
     requires: ClassVar[Mapping[str, Sequence[str]]] = {}
     counters: ClassVar[Sequence[str]] = ()
     retry: ClassVar[RetryPolicy] = RetryPolicy()
+    address: ClassVar[str] = "email"
+    sender: ClassVar[str | None] = None
 
     @classmethod
     def once_unit(cls) -> Unit:
         return cls.once_per or cls.period
+
+    @classmethod
+    def sender_address(cls) -> str:
+        """The job's own From: ``sender``, else ``"{name}@localhost"``."""
+        return cls.sender or f"{cls.name}@localhost"
 
     async def page(self, ctx: Context, after: int, limit: int) -> list[dict[str, Any]]:
         """Rows with an integer ``id`` greater than ``after``, ascending, at most ``limit``."""

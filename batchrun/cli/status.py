@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, app, period_option, run_command, stdout
+from batchrun.cli.app import Context, app, period_option, run_command, stderr, stdout
 from batchrun.cli.output import STATE_NAMES, table
 from batchrun.cli.runs import overview, print_overview
 from batchrun.runtime.control import Steering
@@ -123,8 +123,19 @@ def status(
 
 async def _overview(context: Context, as_json: bool) -> int:
     data = await overview(context)
+    await _note_missing_tables(context)
     if as_json:
         print(json.dumps(data))
     else:
         print_overview(data)
     return 0
+
+
+async def _note_missing_tables(context: Context) -> None:
+    """A note for each job whose tables are not in this database (exit 0 all the same)."""
+    entries = list(context.registry.values())
+    async with open_backends(context.settings, jobs=[e.job for e in entries]) as backends:
+        for entry in entries:
+            missing = await backends.store.missing_requirements(entry.job)
+            if missing is not None:
+                stderr.print(f"note: {missing}", highlight=False, soft_wrap=True)

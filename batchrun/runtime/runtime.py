@@ -130,6 +130,7 @@ class Runtime:
             templates=None if dry_run else self.templates(job),
             store=self.store,
             breaker=breaker,
+            sender=self.settings.sender_for(job),
         )
         if not dry_run:
             self.warn_without_unsubscribe()
