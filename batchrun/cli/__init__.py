@@ -12,6 +12,7 @@ metrics.py metrics (Prometheus text)
 ui.py      ui (the dashboard, batchrun[ui])
 suppress.py  suppress add / remove / list, unsubscribe
 db.py      db migrate, db seed, db explain
+new.py     new (a job, its templates and its test)
 output.py  the progress bar and tables
 """
 
@@ -27,6 +28,7 @@ from batchrun.cli import (
     events,
     jobs,
     metrics,
+    new,
     queue,
     runs,
     status,
@@ -50,6 +52,7 @@ __all__ = [
     "jobs",
     "main",
     "metrics",
+    "new",
     "queue",
     "runs",
     "status",
