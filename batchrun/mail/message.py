@@ -4,7 +4,6 @@ over 998), addresses checked."""
 
 from __future__ import annotations
 
-import base64
 import email
 import email.policy
 import functools
@@ -24,6 +23,7 @@ from batchrun.mail.headers import (
     _header_text,
     fold,
 )
+from batchrun.mail.mime import body_part, text_body
 
 MAX_NAME_CHARS = 200
 MAX_ADDRESS_CHARS = 254
@@ -153,8 +153,9 @@ class Message:
         if len(to_header) > _MAX_LINE - 4:  # a long plain name: folded between its words
             to_header = _fold_address(to_header, len("To: "))
         extra = "".join([_extra_header(n, v) for n, v in self.headers]) if self.headers else ""
-        # No part can contain the boundary: base64 has no '_'. Random only by convention,
-        # so the cheap generator does (a urandom call per message showed in profiles).
+        # No quoted-printable part can contain the boundary ('=' is escaped there); a 7bit
+        # one only by a 96-bit accident. Random only by convention, so the cheap generator
+        # does (a urandom call per message showed in profiles).
         boundary = f"=_batchrun_{random.getrandbits(96):024x}"
         headers = (
             f"From: {_from_header(self.sender)}"
@@ -173,18 +174,18 @@ class Message:
         # ASCII but for a UTF-8 To header, which only utf8=True lets through.
         charset = "utf-8" if utf8 else "ascii"
         if not self.html:  # a text-only message: one part, no multipart wrapper
-            body = base64.encodebytes(self.text.encode("utf-8")).replace(b"\n", b"\r\n")
+            encoding, body = text_body(self.text)
             return (
                 headers + '\r\nContent-Type: text/plain; charset="utf-8"'
-                "\r\nContent-Transfer-Encoding: base64\r\n\r\n"
+                f"\r\nContent-Transfer-Encoding: {encoding}\r\n\r\n"
             ).encode(charset) + body
         # Folded: on one line it is 83 characters, over RFC 5322's 78.
         headers += f'\r\nContent-Type: multipart/alternative;\r\n boundary="{boundary}"\r\n\r\n'
         return b"".join(
             (
                 headers.encode(charset),
-                _part(boundary, "plain", self.text),
-                _part(boundary, "html", self.html),
+                body_part(boundary, "plain", self.text),
+                body_part(boundary, "html", self.html),
                 f"--{boundary}--\r\n".encode("ascii"),
             )
         )
@@ -306,17 +307,6 @@ _NAME_SPECIALS = re.compile(r'[][\\()<>@,:;".]')
 def _subject_header(subject: str) -> str:
     """The Subject header value; a job's messages share one subject, so it is cached."""
     return _header_text(clean_text(subject), len("Subject: "))
-
-
-def _part(boundary: str, subtype: str, body: str) -> bytes:
-    # base64 lines are plain ASCII of fixed width: no line-length limits, no escaping
-    # rules, and a boundary (which contains '_') can never appear inside them.
-    encoded = base64.encodebytes(body.encode("utf-8")).replace(b"\n", b"\r\n")
-    head = (
-        f'--{boundary}\r\nContent-Type: text/{subtype}; charset="utf-8"\r\n'
-        "Content-Transfer-Encoding: base64\r\n\r\n"
-    )
-    return head.encode("ascii") + encoded
 
 
 _date_cache: tuple[int, str] = (0, "")
