@@ -91,8 +91,9 @@ def iso(ms: int) -> str:
 
 
 def message_id(job: Job, key: str, sender: str) -> str:
-    """The Message-ID batchrun gives the entity's email (runtime/sending.py's formula)."""
-    domain = parseaddr(getattr(job, "sender", None) or sender)[1].rpartition("@")[2]
+    """The Message-ID batchrun gives the entity's email (runtime/sending.py's formula);
+    ``sender`` is the job's From (``Settings.sender_for``)."""
+    domain = parseaddr(sender)[1].rpartition("@")[2]
     return f"<{key.replace(':', '.')}@{domain or 'localhost'}>"
 
 
@@ -186,7 +187,7 @@ def _ledger_events(
     tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
     out: list[Event] = []
     if state == State.SENT:
-        mid = message_id(job, ctx.key, rt.settings.sender)
+        mid = message_id(job, ctx.key, rt.settings.sender_for(job))
         out.append(
             Event(updated, "sent", f"Message-ID {mid} accepted ({tries}; period {period})", run)
         )
