@@ -3,6 +3,8 @@
 The public API, everything a job needs (the built-in birthday job imports nothing else):
 
     Job, Context        the contract a job is written against (batchrun.job)
+    Task                a job of submitted tasks, one entity's at a time (batchrun.tasks)
+    connect             a client that submits tasks from an application (batchrun.client)
     Skip, Retry, Fail   what ``process`` raises to end one entity other than by success
     RetryPolicy         a job's attempts, backoff and longest delay (``Job.retry``)
     Period              the year, month or day a run is for (batchrun.period)
@@ -19,6 +21,7 @@ from batchrun.job import Context, Fail, Job, Retry, Skip
 from batchrun.mail.base import valid_address
 from batchrun.period import Period
 from batchrun.policy.retry import RetryPolicy
+from batchrun.tasks import Task, TaskItem
 
 __version__ = "0.2.0"
 
@@ -31,7 +34,18 @@ __all__ = [
     "RetryPolicy",
     "Skip",
     "SqlFolder",
+    "Task",
+    "TaskItem",
     "__version__",
+    "connect",
     "gift_codes",
     "valid_address",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "connect":  # imported when used: the client pulls in the database drivers
+        from batchrun.client import connect
+
+        return connect
+    raise AttributeError(f"module 'batchrun' has no attribute {name!r}")

@@ -354,6 +354,8 @@ async def _sqs(
                 # Not this function's job (BATCHRUN_JOBS): left for one that knows it.
                 metrics["UnknownJob"] = metrics.get("UnknownJob", 0) + 1
                 await _hide(backends.queue, item, verdict.delay_s, keep=True)
+            elif verdict.keep:  # a task waiting for its entity's turn: no receive counted
+                await _hide(backends.queue, item, verdict.delay_s, keep=True)
             elif verdict.action == "later" and verdict.delay_s > 0:
                 await _hide(backends.queue, item, verdict.delay_s)
             # Poison records fail too: the queue's redrive policy dead-letters them.

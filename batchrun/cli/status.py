@@ -14,6 +14,8 @@ from batchrun.cli.app import Context, app, period_option, run_command, stderr, s
 from batchrun.cli.output import STATE_NAMES, table
 from batchrun.cli.runs import overview, print_overview
 from batchrun.runtime.control import Steering
+from batchrun.cli.tasks import task_status
+from batchrun.tasks import Task
 
 SHOWN = 50
 
@@ -47,6 +49,9 @@ def status(
     runs now (host, pid, progress), which jobs are paused, and the queue depths. `--month`
     alone is the birthday job's month, as before.
 
+    For a task job (batchrun.Task): its tasks pending, running, succeeded, failed (waiting
+    for another attempt) and dead, and oldest_pending_s.
+
     \b
     Examples:
       batchrun status
@@ -63,6 +68,13 @@ def status(
     async def go() -> int:
         job = name
         entry = context.registry.entry(job)
+        if isinstance(entry.job, Task):  # pending, running, succeeded, failed, dead tasks
+            tasks = await task_status(context, entry.job)
+            if as_json:
+                print(json.dumps(tasks))
+            else:
+                table(f"status {job}", tasks)
+            return 0
         unit = entry.job.period
         which = period_option(unit, period or month, "--period" if period else "--month")
         async with open_backends(settings, queue=True, jobs=[entry.job]) as backends:

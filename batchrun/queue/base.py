@@ -19,8 +19,9 @@ if TYPE_CHECKING:
     from batchrun.db.base import Database
 
 MAX_BODY = 64 * 1024  # SQS's own limit is 256 KiB; ours are a few hundred bytes
-KINDS = ("retry", "task", "continuation", "shard")
-Kind = Literal["retry", "task", "continuation", "shard"]
+KINDS = ("retry", "task", "continuation", "shard", "entity_task")
+Kind = Literal["retry", "task", "continuation", "shard", "entity_task"]
+TASK_KEY_MAX = 200
 
 
 class PoisonMessage(ValueError):
@@ -41,9 +42,11 @@ class QueueMessage:
     """One entity's task, or a range of a period's entities: ids in (after_id, until_id].
 
     A ``retry`` redoes an entity that failed; a ``task`` is one an application submitted
-    (``batchrun submit``). A ``shard`` is a range the fan-out producer queued; a
-    ``continuation`` is the rest of a range (or period) that a stopped run handed on, with
-    what is left of its ``--limit``. Ranges are worked the same way.
+    (``batchrun submit --period``); an ``entity_task`` is one submitted to a
+    ``batchrun.Task`` job, named by its ``key`` (its data waits in the database). A
+    ``shard`` is a range the fan-out producer queued; a ``continuation`` is the rest of a
+    range (or period) that a stopped run handed on, with what is left of its ``--limit``.
+    Ranges are worked the same way.
 
     Bodies of batchrun 0.1 (``"v": 1``, ``month`` and ``user_id``) are read as well.
     """
@@ -57,8 +60,12 @@ class QueueMessage:
     attempt: int = 0
     reason: str = ""
     limit: int | None = None
+    key: str = ""  # an entity_task's
 
     def to_json(self) -> str:
+        if self.kind == "entity_task":
+            task = {"v": 2, "kind": self.kind, "job": self.job, "id": self.entity_id}
+            return json.dumps({**task, "key": self.key}, separators=(",", ":"))
         body: dict[str, Any] = {"v": 2, "kind": self.kind, "job": self.job, "period": self.period}
         if self.kind in ("retry", "task"):
             body.update(id=self.entity_id, attempt=self.attempt, reason=self.reason[:300])
@@ -93,6 +100,8 @@ class QueueMessage:
             raise PoisonMessage(f"unknown job {job!r}")
         if job not in units:
             raise UnknownJob(job)
+        if kind == "entity_task":
+            return cls._entity_task(job, body)
         period = body.get("period", body.get("month"))
         try:
             if not isinstance(period, str):
@@ -126,6 +135,15 @@ class QueueMessage:
         if limit is not None and (not _is_int(limit) or limit < 1):
             raise PoisonMessage(f"bad limit {limit!r}")
         return cls(kind, job, period, after_id=after_id, until_id=until_id, limit=limit)
+
+    @classmethod
+    def _entity_task(cls, job: str, body: dict[str, Any]) -> QueueMessage:
+        entity_id, key = body.get("id"), body.get("key")
+        if not _is_int(entity_id) or not 0 < entity_id <= MAX_ID:
+            raise PoisonMessage(f"bad id {entity_id!r}")
+        if not isinstance(key, str) or not 0 < len(key) <= TASK_KEY_MAX:
+            raise PoisonMessage("bad task key")
+        return cls("entity_task", job, "", entity_id=entity_id, key=key)
 
 
 def _is_int(value: object) -> TypeGuard[int]:

@@ -476,6 +476,9 @@ def _fifo_keys(body: str, call: str) -> tuple[str, str]:
     job, period = data.get("job"), data.get("period", data.get("month"))
     entity = data.get("id", data.get("user_id"))
     kind = data.get("kind")
+    if kind == "entity_task" and entity is not None:
+        # One group per entity keeps its tasks in submission order; a key runs once.
+        return f"{job}:{entity}", f"{job}:task:{data.get('key')}"
     if kind in ("retry", "task") and entity is not None:
         group = f"{job}:{entity}"
         if kind == "task":

@@ -6,9 +6,10 @@ names one entity: it is re-checked through the job's page, then claimed like any
 worked by the same ``Worker``. An entity the page does not return (deleted, deactivated, or
 a task for the wrong period) is dropped, counted ``not_eligible``, with the ledger left as
 it was: it stays eligible for its own period. A message for a job this process does not
-know stays on the queue (``unknown_job``) for a process that knows it. Counted in
-entities, not messages: a second message for an entity in the same batch, or one for an
-entity already finished, is deleted without work.
+know stays on the queue (``unknown_job``) for a process that knows it. Tasks submitted
+to a ``batchrun.Task`` job are served by ``batchrun.tasks.serve``. Counted in entities,
+not messages: a second message for an entity in the same batch, or one for an entity
+already finished, is deleted without work.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Verdict:
     not_eligible: bool = False  # the page does not return its entity: dropped, ledger as was
     unknown_job: str | None = None  # a job this process does not know: kept on the queue
     unknown: bool = False  # the job's statement lost its reply (unknown_outcome)
+    keep: bool = False  # kept on the queue, no receive counted (a task waiting its turn)
 
 
 async def process(
@@ -70,6 +72,7 @@ async def process(
     broken = False
     lost_claims = 0
     units = {name: job.period for name, job in rt.jobs.items()}
+    tasks: list[tuple[Received, QueueMessage]] = []  # submitted to batchrun.Task jobs
     for item in items:
         try:
             message = QueueMessage.from_json(item.body, units)
@@ -84,6 +87,9 @@ async def process(
         except PoisonMessage as exc:
             log.error("poison message %s: %s", item.message_id, exc)
             verdicts[item.message_id] = Verdict("poison", f"poison: {exc}")
+            continue
+        if message.kind == "entity_task":
+            tasks.append((item, message))
             continue
         job = rt.jobs[message.job]
         period = parse_period(job.period, message.period)
@@ -137,6 +143,10 @@ async def process(
         verdicts.update(found)
         broken = broken or opened
         lost_claims += lost
+    if tasks:
+        from batchrun.tasks.serve import serve
+
+        verdicts.update(await serve(rt, tasks, options))
     return verdicts, broken, lost_claims
 
 

@@ -411,7 +411,7 @@ class Runtime:
             _count(result, verdict)
             if verdict.action == "delete":
                 done.append(item)
-            elif verdict.action == "later" and verdict.unknown_job is not None:
+            elif verdict.action == "later" and (verdict.unknown_job is not None or verdict.keep):
                 await queue.keep(item, verdict.delay_s)
             elif verdict.action == "later":
                 await queue.retry_later(item, verdict.delay_s)

@@ -127,3 +127,36 @@ CREATE TABLE IF NOT EXISTS batchrun_control (
 -- The batchrun_run row that last claimed the entity (its step's run, for `why`). Online:
 -- a NULL column without a default is instant on MariaDB 10.11, whatever the ledger's size.
 ALTER TABLE batchrun_ledger ADD COLUMN run_id BIGINT UNSIGNED NULL, ALGORITHM=INSTANT;
+-- name: migrate_0065_entity_task
+-- unless: table batchrun_entity_task
+-- Submitted tasks (see common/tasks.sql): one row per (job, task_key), run exactly once;
+-- state 0 pending, 1 running, 2 succeeded, 3 failed (waits for another attempt), 4 dead.
+CREATE TABLE IF NOT EXISTS batchrun_entity_task (
+  id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  job VARCHAR(32) NOT NULL,
+  task_key VARCHAR(200) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL,
+  entity_id BIGINT UNSIGNED NOT NULL,
+  data MEDIUMTEXT NOT NULL,
+  state TINYINT NOT NULL DEFAULT 0,
+  attempts INT NOT NULL DEFAULT 0,
+  owner CHAR(32) NULL,
+  lease_until BIGINT NULL,
+  last_error VARCHAR(500) NULL,
+  created_at BIGINT NOT NULL,
+  started_at BIGINT NULL,
+  finished_at BIGINT NULL,
+  UNIQUE KEY uq_batchrun_entity_task_key (job, task_key),
+  KEY idx_batchrun_entity_task_entity (job, entity_id, state, id),
+  KEY idx_batchrun_entity_task_state (job, state)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- name: migrate_0066_entity_turn
+-- unless: table batchrun_entity_turn
+-- Whose turn it is to run one entity's tasks: a lease, held while one of them runs.
+CREATE TABLE IF NOT EXISTS batchrun_entity_turn (
+  job VARCHAR(32) NOT NULL,
+  entity_id BIGINT UNSIGNED NOT NULL,
+  owner CHAR(32) NULL,
+  lease_until BIGINT NOT NULL DEFAULT 0,
+  PRIMARY KEY (job, entity_id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;

@@ -144,3 +144,39 @@ CREATE TABLE IF NOT EXISTS batchrun_control (
 -- unless: column batchrun_ledger.run_id
 -- The batchrun_run row that last claimed the entity (its step's run, for `why`).
 ALTER TABLE batchrun_ledger ADD COLUMN run_id INTEGER NULL;
+-- name: migrate_0065_entity_task
+-- unless: table batchrun_entity_task
+-- Submitted tasks (see common/tasks.sql): one row per (job, task_key), run exactly once;
+-- state 0 pending, 1 running, 2 succeeded, 3 failed (waits for another attempt), 4 dead.
+CREATE TABLE IF NOT EXISTS batchrun_entity_task (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  job TEXT NOT NULL,
+  task_key TEXT NOT NULL,
+  entity_id INTEGER NOT NULL,
+  data TEXT NOT NULL,
+  state INTEGER NOT NULL DEFAULT 0,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  owner TEXT NULL,
+  lease_until INTEGER NULL,
+  last_error TEXT NULL,
+  created_at INTEGER NOT NULL,
+  started_at INTEGER NULL,
+  finished_at INTEGER NULL,
+  UNIQUE (job, task_key)
+);
+
+-- name: migrate_0066_entity_task_indexes
+-- unless: index batchrun_entity_task.idx_batchrun_entity_task_entity
+CREATE INDEX IF NOT EXISTS idx_batchrun_entity_task_entity
+  ON batchrun_entity_task (job, entity_id, state, id);
+
+-- name: migrate_0067_entity_turn
+-- unless: table batchrun_entity_turn
+-- Whose turn it is to run one entity's tasks: a lease, held while one of them runs.
+CREATE TABLE IF NOT EXISTS batchrun_entity_turn (
+  job TEXT NOT NULL,
+  entity_id INTEGER NOT NULL,
+  owner TEXT NULL,
+  lease_until INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (job, entity_id)
+) WITHOUT ROWID;

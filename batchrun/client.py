@@ -1,0 +1,133 @@
+"""``batchrun.connect``: submit tasks from an application, with no CLI and no event loop.
+
+    client = batchrun.connect()            # BATCHRUN_DB, BATCHRUN_RETRY_QUEUE, BATCHRUN_JOBS
+    key = client.submit("transcode", user.id, data={"upload": upload.id})
+
+``submit`` is synchronous, for Django or Flask views: the client runs its database and
+queue connections in an event loop of its own, on a daemon thread. ``await
+client.asubmit(...)`` is the same from async code (any event loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Coroutine, Mapping
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from batchrun.db.base import Database
+from batchrun.db.base import connect as connect_db
+from batchrun.job import Job
+from batchrun.queue.base import RetryQueue, from_url
+from batchrun.registry import discover, parse_specs
+from batchrun.settings import Settings
+from batchrun.tasks.submit import Submitted, submit, task_job
+
+T = TypeVar("T")
+
+
+class Client:
+    """Submits tasks to the Task jobs it knows; ``close()`` (or ``with``) when done."""
+
+    def __init__(self, settings: Settings, jobs: Mapping[str, Job]) -> None:
+        self.settings = settings
+        self.jobs = dict(jobs)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self._db: Database | None = None
+        self._queue: RetryQueue | None = None
+        self._opening = asyncio.Lock()
+
+    def submit(
+        self, job: str, entity_id: int, data: dict[str, Any] | None = None, key: str | None = None
+    ) -> str:
+        """Queue one task for ``entity_id``; return its key (a new one when none is given).
+
+        A key already submitted is a no-op (see ``submit_task`` for whether it was queued).
+        Raises ``batchrun.tasks.BadTask`` before anything is queued for data that is not a
+        JSON object or is over 200 KB, or for a job that is not a known Task job."""
+        return self.submit_task(job, entity_id, data=data, key=key).key
+
+    def submit_task(
+        self, job: str, entity_id: int, data: dict[str, Any] | None = None, key: str | None = None
+    ) -> Submitted:
+        """``submit``, saying also whether it was queued (False: the key was known)."""
+        return self._call(self._submit(job, entity_id, data, key)).result()
+
+    async def asubmit(
+        self, job: str, entity_id: int, data: dict[str, Any] | None = None, key: str | None = None
+    ) -> str:
+        """``submit`` for async code: awaits the client's own loop, blocking none."""
+        done = await asyncio.wrap_future(self._call(self._submit(job, entity_id, data, key)))
+        return done.key
+
+    async def _submit(
+        self, job: str, entity_id: int, data: dict[str, Any] | None, key: str | None
+    ) -> Submitted:
+        task = task_job(self.jobs, job)  # before connecting: an unknown job queues nothing
+        db, queue = await self._open()
+        return await submit(db, queue, task, entity_id, data, key)
+
+    async def _open(self) -> tuple[Database, RetryQueue]:
+        async with self._opening:
+            if self._db is None or self._queue is None:
+                db = await connect_db(self.settings.db_url, pool_size=2)
+                queue = from_url(
+                    self.settings.retry_queue_url,
+                    db=db,
+                    max_receives=self.settings.max_receives,
+                    env=self.settings.extra,
+                )
+                await queue.open()
+                self._db, self._queue = db, queue
+            return self._db, self._queue
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def close(self) -> None:
+        """Close the connections and stop the client's thread."""
+        if self._loop.is_closed():
+            return
+        self._call(self._close()).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    async def _close(self) -> None:
+        if self._queue is not None:
+            await self._queue.close()
+        if self._db is not None:
+            await self._db.close()
+        self._db = self._queue = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(
+    db: str | None = None,
+    queue: str | None = None,
+    jobs: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+) -> Client:
+    """A client for the database ``db``, the queue ``queue`` and the jobs ``jobs`` (module
+    names or ``.py`` paths, comma-separated); each defaults to the environment's
+    ``BATCHRUN_DB`` / ``BATCHRUN_RETRY_QUEUE`` / ``BATCHRUN_JOBS``. Connects on first use."""
+    environ = dict(os.environ if env is None else env)
+    if db is not None:
+        environ["BATCHRUN_DB"] = db
+    if queue is not None:
+        environ["BATCHRUN_RETRY_QUEUE"] = queue
+    if jobs is not None:
+        environ["BATCHRUN_JOBS"] = jobs
+    settings = Settings.from_env(environ)
+    registry = discover(parse_specs(settings.jobs))
+    return Client(settings, {name: registry.get_job(name) for name in registry})

@@ -1,0 +1,46 @@
+-- Submitted tasks (batchrun_entity_task) and whose turn it is per entity
+-- (batchrun_entity_turn); each dialect's tasks.sql holds its inserts that ignore a key
+-- already there. States: 0 pending, 1 running, 2 succeeded, 3 failed, 4 dead.
+
+-- name: task_get
+SELECT id, entity_id, data, state, attempts, owner, lease_until
+FROM batchrun_entity_task WHERE job = :job AND task_key = :key;
+
+-- name: task_first_unfinished
+-- The entity's oldest task not finished: the only one whose turn it can be.
+SELECT task_key FROM batchrun_entity_task
+WHERE job = :job AND entity_id = :entity_id AND state IN (0, 1, 3)
+ORDER BY id LIMIT 1;
+
+-- name: task_start
+UPDATE batchrun_entity_task
+SET state = 1, owner = :me, lease_until = :until, started_at = :now
+WHERE id = :id AND (state IN (0, 3) OR (state = 1 AND lease_until < :now));
+
+-- name: task_finish
+-- Fenced: a run whose lease was taken over records nothing.
+UPDATE batchrun_entity_task
+SET state = :state, attempts = attempts + 1, owner = NULL, lease_until = NULL,
+  last_error = :error, finished_at = :now
+WHERE id = :id AND owner = :me AND state = 1;
+
+-- name: task_extend
+UPDATE batchrun_entity_task SET lease_until = :until WHERE id = :id AND owner = :me;
+
+-- name: turn_take
+UPDATE batchrun_entity_turn SET owner = :me, lease_until = :until
+WHERE job = :job AND entity_id = :entity_id
+  AND (owner IS NULL OR owner = :me OR lease_until < :now);
+
+-- name: turn_extend
+UPDATE batchrun_entity_turn SET lease_until = :until
+WHERE job = :job AND entity_id = :entity_id AND owner = :me;
+
+-- name: turn_release
+UPDATE batchrun_entity_turn SET owner = NULL, lease_until = 0
+WHERE job = :job AND entity_id = :entity_id AND owner = :me;
+
+-- name: task_counts
+-- For `status TASKJOB`: tasks per state, and the oldest pending one's submission time.
+SELECT state, COUNT(*), MIN(created_at) FROM batchrun_entity_task
+WHERE job = :job GROUP BY state;

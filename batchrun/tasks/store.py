@@ -1,0 +1,112 @@
+"""The tasks' tables: submissions (``batchrun_entity_task``), one row per (job, key), and
+whose turn it is per entity (``batchrun_entity_turn``), a lease held while a task runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from batchrun.db.base import Database, now_ms
+
+
+class TaskState(IntEnum):
+    PENDING = 0
+    RUNNING = 1
+    SUCCEEDED = 2
+    FAILED = 3  # the last attempt failed: waits for another
+    DEAD = 4  # given up for good
+
+    @property
+    def final(self) -> bool:
+        return self in (TaskState.SUCCEEDED, TaskState.DEAD)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    id: int
+    entity_id: int
+    data: dict[str, Any]
+    state: TaskState
+    attempts: int
+
+
+class TaskStore:
+    """Submissions and turns over batchrun's database; ``me`` fences every write."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def submit(self, job: str, entity_id: int, key: str, data: str) -> bool:
+        """Record a submission; False when its key was already submitted (nothing changes)."""
+        await self.db.execute("turn_insert", job=job, entity_id=entity_id)
+        added = await self.db.execute(
+            "task_insert", job=job, key=key, entity_id=entity_id, data=data, now=now_ms()
+        )
+        return added > 0
+
+    async def get(self, job: str, key: str) -> TaskRow | None:
+        row = await self.db.fetchone("task_get", job=job, key=key)
+        if row is None:
+            return None
+        data = json.loads(row[2])
+        return TaskRow(int(row[0]), int(row[1]), data, TaskState(int(row[3])), int(row[4]))
+
+    async def take_turn(self, job: str, entity_id: int, me: str, lease_s: float) -> bool:
+        """Hold the entity's turn (a lease); False while another live process holds it."""
+        now = now_ms()
+        taken = await self.db.execute(
+            "turn_take",
+            job=job,
+            entity_id=entity_id,
+            me=me,
+            until=now + int(lease_s * 1000),
+            now=now,
+        )
+        return taken > 0
+
+    async def first_unfinished(self, job: str, entity_id: int) -> str | None:
+        """The key of the entity's oldest task not finished: the one whose turn it is."""
+        row = await self.db.fetchone("task_first_unfinished", job=job, entity_id=entity_id)
+        return None if row is None else str(row[0])
+
+    async def start(self, task_id: int, me: str, lease_s: float) -> bool:
+        now = now_ms()
+        started = await self.db.execute(
+            "task_start", id=task_id, me=me, until=now + int(lease_s * 1000), now=now
+        )
+        return started > 0
+
+    async def extend(self, job: str, entity_id: int, task_id: int, me: str, lease_s: float) -> None:
+        until = now_ms() + int(lease_s * 1000)
+        await self.db.execute("task_extend", id=task_id, me=me, until=until)
+        await self.db.execute("turn_extend", job=job, entity_id=entity_id, me=me, until=until)
+
+    async def finish(self, task_id: int, me: str, state: TaskState, error: str | None) -> bool:
+        """Record the attempt's end; False when the lease was lost (nothing recorded)."""
+        done = await self.db.execute(
+            "task_finish",
+            id=task_id,
+            me=me,
+            state=int(state),
+            error=None if error is None else error[:500],
+            now=now_ms(),
+        )
+        return done > 0
+
+    async def release_turn(self, job: str, entity_id: int, me: str) -> None:
+        await self.db.execute("turn_release", job=job, entity_id=entity_id, me=me)
+
+    async def counts(self, job: str) -> dict[str, Any]:
+        """``status TASKJOB``: tasks per state now, and how long the oldest has waited."""
+        counts: dict[str, Any] = {state.name.lower(): 0 for state in TaskState}
+        oldest: int | None = None
+        for state, n, first in await self.db.fetchall("task_counts", job=job):
+            counts[TaskState(int(state)).name.lower()] = int(n)
+            if int(state) == TaskState.PENDING and first is not None:
+                oldest = int(first)
+        counts["oldest_pending_s"] = (
+            None if oldest is None else round(max(0, now_ms() - oldest) / 1000, 1)
+        )
+        return counts

@@ -1,0 +1,63 @@
+"""Queue one submitted task: checked, recorded once per (job, key), then sent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batchrun.db.base import Database
+from batchrun.job import Job
+from batchrun.queue.base import QueueMessage, RetryQueue
+from batchrun.tasks.store import TaskStore
+from batchrun.tasks.task import BadTask, Task, checked
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    job: str
+    entity_id: int
+    key: str
+    queued: bool  # False: the key was submitted before, nothing changed
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "job": self.job,
+            "entity_id": self.entity_id,
+            "key": self.key,
+            "queued": self.queued,
+        }
+
+
+def task_job(jobs: dict[str, Job], name: str) -> Task:
+    """The Task job ``name``, or BadTask saying why not."""
+    job = jobs.get(name)
+    if job is None:
+        raise BadTask(f"unknown job {name!r} (known: {', '.join(sorted(jobs)) or 'none'})")
+    if not isinstance(job, Task):
+        raise BadTask(f"job {name!r} is not a task job: give --period to re-run an entity")
+    return job
+
+
+async def submit(
+    db: Database,
+    queue: RetryQueue,
+    job: Task,
+    entity_id: object,
+    data: object = None,
+    key: object = None,
+) -> Submitted:
+    """Record and queue one task; a key already submitted is a no-op (``queued`` False).
+
+    Everything is checked before anything is written (BadTask). The row is written first,
+    then the message: a send that fails leaves the row for a resubmission of the same key
+    to queue (the caller sees the QueueError)."""
+    entity, text, task_key = checked(entity_id, data, key)
+    store = TaskStore(db)
+    added = await store.submit(job.name, entity, task_key, text)
+    if not added:
+        row = await store.get(job.name, task_key)
+        if row is not None and row.entity_id != entity:
+            raise BadTask(f"task key {task_key!r} was submitted for entity {row.entity_id}")
+        return Submitted(job.name, entity, task_key, queued=False)
+    message = QueueMessage("entity_task", job.name, "", entity_id=entity, key=task_key)
+    await queue.send([message.to_json()])
+    return Submitted(job.name, entity, task_key, queued=True)

@@ -1,0 +1,48 @@
+"""Task jobs the task tests run: each writes its start and end to ``task_effect``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import batchrun
+
+
+class Steps(batchrun.Task):
+    name = "steps"
+    description = "a task that records its interval per entity"
+
+    async def process(self, ctx: batchrun.Context, task: Any) -> None:
+        started = time.time_ns()
+        await asyncio.sleep(float(task.data.get("sleep", 0.002)))
+        await ctx.db.execute(
+            "INSERT INTO task_effect (entity_id, task_key, seq, started_ns, ended_ns, pid)"
+            " VALUES (:e, :k, :s, :a, :b, :p)",
+            e=task.entity_id,
+            k=task.key,
+            s=int(task.data.get("seq", 0)),
+            a=started,
+            b=time.time_ns(),
+            p=__import__("os").getpid(),
+        )
+
+
+class Flaky(batchrun.Task):
+    name = "flaky"
+    retry = batchrun.RetryPolicy(attempts=3, backoff=0.01, max_delay_s=0.05)
+
+    async def process(self, ctx: batchrun.Context, task: Any) -> None:
+        if task.data.get("fail") == "always":
+            raise batchrun.Fail("told to fail")
+        rows = await ctx.db.fetch(
+            "SELECT COUNT(*) AS n FROM task_effect WHERE task_key = :k", k=task.key
+        )
+        await ctx.db.execute(
+            "INSERT INTO task_effect (entity_id, task_key, seq, started_ns, ended_ns, pid)"
+            " VALUES (:e, :k, 0, 0, 0, 0)",
+            e=task.entity_id,
+            k=task.key,
+        )
+        if int(rows[0]["n"]) == 0:
+            raise batchrun.Retry("first attempt fails", delay_s=0.01)
