@@ -32,6 +32,8 @@ BATCHRUN_TABLES = {
     "batchrun_suppression",
     "batchrun_run",
     "batchrun_control",
+    "batchrun_entity_task",
+    "batchrun_entity_turn",
 }
 STALL_ROWS = 200_000
 MAX_WAIT_S = 0.5  # the bound for any application write during the migration

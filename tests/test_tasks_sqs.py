@@ -11,7 +11,7 @@ from typing import Any
 
 import boto3
 import pytest
-from aws_server import MotoServer
+from aws_server import MotoServer, aws_client, make_queue_with_dlq
 from conftest import query
 from test_tasks import JOBS, _workers, effects, setup
 
@@ -63,3 +63,23 @@ def test_four_workers_on_sqs_fifo(moto: MotoServer, mysql_url: str) -> None:
         runs.sort(key=lambda r: r[3])
         assert all(b[3] >= a[4] for a, b in pairwise(runs)), f"user {uid}: tasks overlapped"
         assert [r[1] for r in runs] == submitted[uid], f"user {uid} out of submission order"
+
+
+def test_the_sqs_triggered_lambda_serves_tasks(moto: MotoServer, mysql_url: str) -> None:
+    from test_lambda import drain_as_sqs_events
+
+    moto.reset()
+    url, _ = make_queue_with_dlq(moto, visibility_s=30)
+    env = {**setup(mysql_url), **moto.env, "BATCHRUN_RETRY_QUEUE": url, "BATCHRUN_LEASE_S": "5"}
+    submitted: dict[int, list[str]] = defaultdict(list)
+    with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto.env) as client:
+        for seq in range(3):
+            for uid in range(1, 21):
+                submitted[uid].append(client.submit("steps", uid, data={"seq": seq}))
+    drain_as_sqs_events(aws_client(moto), url, env, seconds=60)
+    rows = effects(mysql_url)
+    assert len(rows) == 60 and len({r[1] for r in rows}) == 60  # each task once
+    for uid in submitted:
+        runs = sorted((r for r in rows if r[0] == uid), key=lambda r: r[3])
+        assert [r[1] for r in runs] == submitted[uid]  # in order, even on a standard queue
+        assert all(b[3] >= a[4] for a, b in pairwise(runs))
