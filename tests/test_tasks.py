@@ -106,6 +106,18 @@ def test_a_retried_task_keeps_its_place_and_a_failed_one_is_dead(sqlite_url: str
     assert (status["succeeded"], status["dead"], status["pending"]) == (1, 1, 0)
 
 
+def test_a_paused_task_job_waits_then_runs(sqlite_url: str) -> None:
+    env = {**setup(sqlite_url), "BATCHRUN_LEASE_S": "2"}  # a paused task looks again in 2 s
+    with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
+        client.submit("steps", 1, key="p1")
+    assert run_cli("pause", "steps", env=env).returncode == 0
+    run_cli("worker", "--idle-exit", "1", env=env, sigterm_after=8)
+    assert effects(sqlite_url) == []  # paused: nothing ran, the task waits
+    assert run_cli("resume", "steps", env=env).returncode == 0
+    assert run_cli("worker", "--idle-exit", "5", env=env, timeout=120).returncode == 0
+    assert [r[1] for r in effects(sqlite_url)] == ["p1"]
+
+
 def _workers(env: dict[str, str], n: int) -> list[subprocess.Popen[str]]:
     import os
 

@@ -34,6 +34,7 @@ from batchrun.cli import (
     status,
     steer,
     suppress,
+    tasks,
     ui,
     why,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "status",
     "steer",
     "suppress",
+    "tasks",
     "ui",
     "why",
 ]

@@ -1,4 +1,5 @@
-"""Commands that run jobs: ``birthday``, ``run``, ``jobs``, ``submit``, ``preview``."""
+"""Commands that run jobs: ``birthday``, ``run``, ``jobs``, ``preview`` (``submit`` is in
+tasks.py)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,9 @@ from batchrun.cli.app import (
     stdout,
 )
 from batchrun.cli.output import ASKED, Bar, Month, progress_bar, table
-from batchrun.cli.tasks import submit_task
-from batchrun.errors import UsageError
 from batchrun.period import Period
-from batchrun.period import parse as parse_period
 from batchrun.runtime import Options, Runtime, Summary
 from batchrun.runtime.runrecord import RunRecord
-from batchrun.tasks import Task
 
 Concurrency = Annotated[
     int, typer.Option("--concurrency", min=1, help="Entities worked on at once.")
@@ -308,69 +305,6 @@ def jobs(ctx: typer.Context, as_json: Json = False) -> None:
                 job["name"], job["period"], job["once_per"], job["description"], job["source"]
             )
         stdout.print(out)
-        return 0
-
-    run_command(ctx, go)
-
-
-@app.command("submit")
-def submit(
-    ctx: typer.Context,
-    job: Annotated[str, typer.Argument(help="The job's name.")],
-    ids: Annotated[list[int], typer.Option("--id", min=1, help="An entity id; repeat for more.")],
-    period: Annotated[
-        str | None,
-        typer.Option("--period", help="The job's period, e.g. 2025-06 (not for a task job)."),
-    ] = None,
-    key: Annotated[
-        str | None,
-        typer.Option("--key", help="A task job's task key: a key submitted before is a no-op."),
-    ] = None,
-    data: Annotated[
-        str | None,
-        typer.Option(
-            "--data",
-            metavar="JSON",
-            help="A task job's data: a JSON object, 200 KB at most, or @FILE to read it from FILE.",
-        ),
-    ] = None,
-    as_json: Json = False,
-) -> None:
-    """Queue work for the queue consumers (`retry`, `worker`, the Lambda).
-
-    For a task job (batchrun.Task): one task for entity --id, printed as its key (a new
-    one unless --key is given); with --json {"job", "entity_id", "key", "queued"}. A key
-    submitted before queues nothing ("queued": false). One entity's tasks run one at a
-    time, in submission order.
-
-    For a period job (--period): one task per entity. Two tasks for one entity never run
-    at once, and an entity is done at most once per period: a second submit of a
-    finished entity does nothing.
-    """
-    context: Context = ctx.obj
-    settings = context.settings
-
-    async def go() -> int:
-        entry = context.registry.entry(job)
-        if isinstance(entry.job, Task):
-            if period is not None:
-                raise UsageError(f"{job} is a task job: it takes no --period")
-            return await submit_task(context, entry.job, ids, key, data, as_json)
-        if period is None:
-            raise UsageError(f"{job} is a period job: give --period")
-        if key is not None or data is not None:
-            raise UsageError(f"{job} is a period job: --key and --data are for task jobs")
-        try:
-            which = parse_period(entry.job.period, period)
-        except ValueError as exc:
-            raise UsageError(f"--period: {exc}") from None
-        async with open_backends(settings, queue=True, jobs=[entry.job]) as backends:
-            queued = await context.runtime(backends).submit(job, which, ids)
-        result = {"job": job, "period": str(which), "queued": queued}
-        if as_json:
-            print(json.dumps(result))
-        else:
-            stderr.print(f"queued {queued} {job} tasks for {which}", highlight=False)
         return 0
 
     run_command(ctx, go)

@@ -13,8 +13,8 @@ from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, period_option, run_command, stderr, stdout
 from batchrun.cli.output import STATE_NAMES, table
 from batchrun.cli.runs import overview, print_overview
-from batchrun.runtime.control import Steering
 from batchrun.cli.tasks import task_status
+from batchrun.runtime.control import Steering
 from batchrun.tasks import Task
 
 SHOWN = 50

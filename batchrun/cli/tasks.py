@@ -1,18 +1,22 @@
-"""``batchrun submit`` and ``batchrun status`` for a ``batchrun.Task`` job."""
+"""``batchrun submit`` (a task job's and a period job's), ``batchrun status`` of a task job."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, stderr
+from batchrun.cli.app import Context, app, run_command, stderr
 from batchrun.errors import UsageError
+from batchrun.period import parse as parse_period
 from batchrun.tasks.store import TaskStore
-from batchrun.tasks.submit import submit
+from batchrun.tasks.submit import submit as submit_one
 from batchrun.tasks.task import BadTask, Task, checked
 
+Json = Annotated[bool, typer.Option("--json", metavar="", help="Print one JSON summary on stdout.")]
 STATUS_KEYS = ("pending", "running", "succeeded", "failed", "dead", "oldest_pending_s")
 
 
@@ -36,7 +40,7 @@ async def submit_task(
         checked(ids[0], parsed, key)  # before connecting to anything
         async with open_backends(context.settings, queue=True, jobs=[job]) as backends:
             assert backends.queue is not None
-            done = await submit(backends.store.db, backends.queue, job, ids[0], parsed, key)
+            done = await submit_one(backends.store.db, backends.queue, job, ids[0], parsed, key)
     except BadTask as exc:
         raise UsageError(str(exc)) from None
     if as_json:
@@ -53,3 +57,66 @@ async def task_status(context: Context, job: Task) -> dict[str, Any]:
     async with open_backends(context.settings, jobs=[job]) as backends:
         counts = await TaskStore(backends.store.db).counts(job.name)
     return {"job": job.name, **{k: counts[k] for k in STATUS_KEYS}}
+
+
+@app.command("submit")
+def submit(
+    ctx: typer.Context,
+    job: Annotated[str, typer.Argument(help="The job's name.")],
+    ids: Annotated[list[int], typer.Option("--id", min=1, help="An entity id; repeat for more.")],
+    period: Annotated[
+        str | None,
+        typer.Option("--period", help="The job's period, e.g. 2025-06 (not for a task job)."),
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option("--key", help="A task job's task key: a key submitted before is a no-op."),
+    ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option(
+            "--data",
+            metavar="JSON",
+            help="A task job's data: a JSON object, 200 KB at most, or @FILE to read it from FILE.",
+        ),
+    ] = None,
+    as_json: Json = False,
+) -> None:
+    """Queue work for the queue consumers (`retry`, `worker`, the Lambda).
+
+    For a task job (batchrun.Task): one task for entity --id, printed as its key (a new
+    one unless --key is given); with --json {"job", "entity_id", "key", "queued"}. A key
+    submitted before queues nothing ("queued": false). One entity's tasks run one at a
+    time, in submission order.
+
+    For a period job (--period): one task per entity. Two tasks for one entity never run
+    at once, and an entity is done at most once per period: a second submit of a
+    finished entity does nothing.
+    """
+    context: Context = ctx.obj
+    settings = context.settings
+
+    async def go() -> int:
+        entry = context.registry.entry(job)
+        if isinstance(entry.job, Task):
+            if period is not None:
+                raise UsageError(f"{job} is a task job: it takes no --period")
+            return await submit_task(context, entry.job, ids, key, data, as_json)
+        if period is None:
+            raise UsageError(f"{job} is a period job: give --period")
+        if key is not None or data is not None:
+            raise UsageError(f"{job} is a period job: --key and --data are for task jobs")
+        try:
+            which = parse_period(entry.job.period, period)
+        except ValueError as exc:
+            raise UsageError(f"--period: {exc}") from None
+        async with open_backends(settings, queue=True, jobs=[entry.job]) as backends:
+            queued = await context.runtime(backends).submit(job, which, ids)
+        result = {"job": job, "period": str(which), "queued": queued}
+        if as_json:
+            print(json.dumps(result))
+        else:
+            stderr.print(f"queued {queued} {job} tasks for {which}", highlight=False)
+        return 0
+
+    run_command(ctx, go)

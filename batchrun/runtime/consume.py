@@ -89,7 +89,12 @@ async def process(
             verdicts[item.message_id] = Verdict("poison", f"poison: {exc}")
             continue
         if message.kind == "entity_task":
-            tasks.append((item, message))
+            if rt.steering.paused(message.job, None) is not None:  # `batchrun pause JOB`
+                verdicts[item.message_id] = Verdict(
+                    "later", "paused", delay_s=rt.settings.lease_s, counted=False, keep=True
+                )
+            else:
+                tasks.append((item, message))
             continue
         job = rt.jobs[message.job]
         period = parse_period(job.period, message.period)
