@@ -18,7 +18,7 @@ import pytest
 from smtp_server import HOST, SmtpTestServer
 
 from batchrun.mail import Message, from_url
-from batchrun.mail.base import MAX_NAME_CHARS, _address, clean_text
+from batchrun.mail.base import MAX_NAME_CHARS, address_header, clean_text
 
 NAMES = {
     "4-byte": "🎂" * 200,
@@ -130,7 +130,7 @@ def test_a_long_sender_name_and_subject_are_folded_too(name: str) -> None:
 def test_the_first_line_leaves_room_for_the_header_name(prefix: int) -> None:
     for length in range(1, 80):
         for name in ("é" * length, "🎂" * length, "aé" * length):
-            value = _address(name, "user@example.com", prefix)
+            value = address_header(name, "user@example.com", prefix)
             first, *rest = value.split("\r\n")
             assert prefix + len(first) <= 78 or not ENCODED_WORD.search(first), value
             assert all(len(line) <= 78 for line in rest), value
@@ -140,9 +140,9 @@ def test_a_name_that_fits_in_one_word_moves_a_long_address_to_its_own_line() -> 
     from email.utils import formataddr
 
     long_addr = "a" * 60 + "@example.com"
-    value = _address("Zoë", long_addr)
+    value = address_header("Zoë", long_addr)
     assert value == "=?utf-8?q?Zo=C3=AB?=\r\n <" + long_addr + ">"
-    assert _address("Zoë", "z@example.com") == formataddr(("Zoë", "z@example.com"))
+    assert address_header("Zoë", "z@example.com") == formataddr(("Zoë", "z@example.com"))
     raw = make_message("Zoë", to_addr=long_addr).to_bytes()
     (address,) = email.message_from_bytes(raw, policy=email.policy.default)["To"].addresses
     assert (address.display_name, address.addr_spec) == ("Zoë", long_addr)
@@ -175,7 +175,7 @@ async def test_a_200_emoji_name_is_accepted_by_a_real_smtp_server(
 
 def test_random_text_is_cut_into_full_words_of_whole_characters() -> None:
     """Each word but the last is full (one more character would not fit in 75)."""
-    from batchrun.mail.base import _encoded_word
+    from batchrun.mail.base import encoded_words
 
     rng = random.Random(11)
     alphabets = ["abc XYZ-!*+/_=?.", "éüßçøñ", "李雷韩梅", "🎂🎁", "\u00a0\u2009\t"]
@@ -185,7 +185,7 @@ def test_random_text_is_cut_into_full_words_of_whole_characters() -> None:
         text = "".join(rng.choice(pool) for _ in range(rng.randint(1, 250)))
         room = rng.choice([69, 72, 74, 75])
         pieces = []
-        for word in _encoded_word(text, room).split("\r\n "):
+        for word in encoded_words(text, room).split("\r\n "):
             assert len(word) <= (room if not pieces else 75), word
             ((data, _),) = decode_header(word)
             assert isinstance(data, bytes)

@@ -242,12 +242,14 @@ def test_valid_address(addr: str, ok: bool) -> None:
 def test_the_to_header_fast_path_agrees_with_formataddr(name: str) -> None:
     from email.utils import formataddr
 
-    from batchrun.mail.base import _address
+    from batchrun.mail.base import address_header
 
     addr = "grace@example.com"
-    assert _address(name, addr) == formataddr((name, addr), charset="utf-8").replace("\n", "\r\n")
+    assert address_header(name, addr) == formataddr((name, addr), charset="utf-8").replace(
+        "\n", "\r\n"
+    )
     with pytest.raises(ValueError):
-        _address(name, "josé@exämple.com")  # never sent as raw UTF-8 in a header
+        address_header(name, "josé@exämple.com")  # never sent as raw UTF-8 in a header
 
 
 def test_encoded_names_agree_with_formataddr_for_random_text() -> None:
@@ -255,7 +257,7 @@ def test_encoded_names_agree_with_formataddr_for_random_text() -> None:
     that fit in one encoded word on one line; longer ones are folded (test_folding.py)."""
     from email.utils import formataddr
 
-    from batchrun.mail.base import _address
+    from batchrun.mail.base import address_header
 
     rng = random.Random(5)
     alphabets = ["abc XYZ-!*+/_=?.", "éüßçøñ", "李雷韩梅", "🎂🎁", "\u00a0\u2009\t"]
@@ -268,9 +270,9 @@ def test_encoded_names_agree_with_formataddr_for_random_text() -> None:
             continue
         expected = formataddr((name, "a@example.com"), charset="utf-8")
         if len(f"From: {expected}") <= 78:
-            assert _address(name, "a@example.com") == expected, name
+            assert address_header(name, "a@example.com") == expected, name
         else:
-            decoded = str(make_header(decode_header(_address(name, "a@example.com"))))
+            decoded = str(make_header(decode_header(address_header(name, "a@example.com"))))
             assert decoded == f"{name} <a@example.com>"
 
 

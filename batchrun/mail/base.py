@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from batchrun.errors import ConfigError
-from batchrun.mail.headers import _encoded_word
+from batchrun.mail.headers import encoded_words
 from batchrun.mail.message import (
     MAX_ADDRESS_CHARS,
     MAX_NAME_CHARS,
     Message,
-    _address,
+    address_header,
     clean_text,
     valid_address,
 )
@@ -28,9 +28,9 @@ __all__ = [
     "MAX_NAME_CHARS",
     "Mailer",
     "Message",
-    "_address",
-    "_encoded_word",
+    "address_header",
     "clean_text",
+    "encoded_words",
     "from_url",
     "valid_address",
 ]

@@ -52,7 +52,7 @@ def fold(value: str, prefix: int) -> str | None:
     return "\r\n".join(lines)
 
 
-def _encoded_word(text: str, room: int = 75) -> str:
+def encoded_words(text: str, room: int = 75) -> str:
     """``text`` as RFC 2047 encoded words, each the shorter of its B and Q encodings.
 
     ``Charset("utf-8").header_encode(text)`` when that one word fits in ``room``
@@ -74,7 +74,7 @@ def _encoded_word(text: str, room: int = 75) -> str:
 
 
 def _encoded_chunks(raw: bytes, first: int) -> list[str]:
-    """The words of a folded ``_encoded_word``, the first with ``first`` characters of
+    """The words of a folded ``encoded_words``, the first with ``first`` characters of
     encoded text at most: each word takes as many characters as fit.
 
     The longest piece whose shorter encoding fits is the longer of the longest that fits
@@ -123,4 +123,4 @@ def _header_text(value: str, prefix: int) -> str:
         if folded is not None:
             return folded
         # A word too long for any line: encoded words can be cut anywhere.
-    return _encoded_word(value, _MAX_LINE - prefix)
+    return encoded_words(value, _MAX_LINE - prefix)

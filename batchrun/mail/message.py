@@ -19,8 +19,8 @@ from batchrun.mail.address import idna_domain, wire_address
 from batchrun.mail.headers import (
     _FOLD,
     _MAX_LINE,
-    _encoded_word,
     _header_text,
+    encoded_words,
     fold,
 )
 from batchrun.mail.mime import body_part, text_body
@@ -145,7 +145,7 @@ class Message:
         to_addr = wire_address(self.to_addr)
         to_name = clean_text(self.to_name, MAX_NAME_CHARS)
         if to_addr.isascii():
-            to_header = _address(to_name, to_addr)
+            to_header = address_header(to_name, to_addr)
         elif utf8:
             to_header = _utf8_address(to_name, to_addr)
         else:
@@ -256,7 +256,7 @@ def _envelope_sender(sender: str) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _from_header(sender: str) -> str:
-    value = _address(*parseaddr(sender)) if "<" in sender else sender
+    value = address_header(*parseaddr(sender)) if "<" in sender else sender
     return _fold_address(value, len("From: "))
 
 
@@ -268,7 +268,7 @@ def _fold_address(value: str, prefix: int) -> str:
     return fold(value, prefix) or value
 
 
-def _address(name: str, addr: str, prefix: int = len("From: ")) -> str:
+def address_header(name: str, addr: str, prefix: int = len("From: ")) -> str:
     """``Name <addr>``, the name RFC 2047-encoded when it is not plain ASCII.
 
     ``prefix`` is how many characters (the header's name) precede the value on its first
@@ -281,7 +281,7 @@ def _address(name: str, addr: str, prefix: int = len("From: ")) -> str:
         else:
             # A name that is itself an encoded word would be decoded by the reader (CR/LF
             # included): it is encoded once more, so the reader sees exactly this text.
-            encoded = _encoded_word(name, _MAX_LINE - prefix)
+            encoded = encoded_words(name, _MAX_LINE - prefix)
             fold = encoded.rfind("\n")
             last_line = len(encoded) - fold - 1 if fold >= 0 else prefix + len(encoded)
             if last_line + len(addr) + 3 <= _MAX_LINE:
@@ -295,7 +295,7 @@ def _address(name: str, addr: str, prefix: int = len("From: ")) -> str:
 def _utf8_address(name: str, addr: str) -> str:
     """``Name <addr>`` for an address with a non-ASCII local part (RFC 6532): the name
     written exactly as for an ASCII address, the address in UTF-8 as it is."""
-    shown = _address(name, "@")  # "@": an ASCII stand-in, replaced below
+    shown = address_header(name, "@")  # "@": an ASCII stand-in, replaced below
     return f"{shown[:-2]}{addr}>" if shown.endswith("<@>") else addr
 
 
