@@ -27,7 +27,7 @@ from batchrun.jobs.birthday import Birthday
 from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.queue.base import RetryQueue
 from batchrun.queue.base import from_url as queue_from_url
-from batchrun.queue.sqs import MAX_DELAY_S, _delay
+from batchrun.queue.sqs import MAX_DELAY_S, delay_seconds
 from batchrun.registry import discover
 from batchrun.runtime import Runtime
 from batchrun.runtime.run import Options
@@ -253,7 +253,7 @@ async def test_a_429_retry_after_from_the_credits_api_holds_the_retry_back(
 
 
 def test_sqs_delays_are_whole_seconds_up_to_fifteen_minutes() -> None:
-    assert [_delay(s) for s in (0, 0.2, 30, 899.5, 900, 901, 86_400)] == [
+    assert [delay_seconds(s) for s in (0, 0.2, 30, 899.5, 900, 901, 86_400)] == [
         0,
         1,
         30,

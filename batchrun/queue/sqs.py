@@ -213,7 +213,7 @@ class SqsQueue(SqsDeadLetters):
             entries = [
                 self._entry(str(i), body, self.fifo, call=call) for i, body in enumerate(bodies)
             ]
-            delay = _delay(delay_s)
+            delay = delay_seconds(delay_s)
             if delay and not self.fifo:  # a FIFO queue refuses a per-message delay
                 for entry in entries:
                     entry["DelaySeconds"] = delay
@@ -431,7 +431,7 @@ def _code(exc: BaseException | None) -> str:
     return code.rsplit(".", 1)[-1]
 
 
-def _delay(seconds: float) -> int:
+def delay_seconds(seconds: float) -> int:
     """A send's DelaySeconds: whole seconds, rounded up, at most SQS's 15 minutes."""
     return max(0, min(MAX_DELAY_S, math.ceil(seconds)))
 
