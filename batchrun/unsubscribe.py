@@ -81,7 +81,7 @@ class Signer:
     def token(self, job: str, address: str) -> str:
         """The token naming ``job`` and ``address``."""
         payload = base64.urlsafe_b64encode(f"{job}:{address}".encode()).rstrip(b"=")
-        return (payload + b"." + self._sign(payload)).decode("ascii")
+        return (payload + b"." + self.mac(payload)).decode("ascii")
 
     def url(self, job: str, address: str) -> str:
         """``base_url/TOKEN``: what List-Unsubscribe names and templates get as unsubscribe_url."""
@@ -95,7 +95,7 @@ class Signer:
         if match is None:
             raise InvalidTokenError()
         payload = match.group(1).encode("ascii")
-        if not hmac.compare_digest(self._sign(payload), match.group(2).encode("ascii")):
+        if not hmac.compare_digest(self.mac(payload), match.group(2).encode("ascii")):
             raise InvalidTokenError()
         try:
             text = base64.urlsafe_b64decode(payload + b"=" * (-len(payload) % 4)).decode()
@@ -106,7 +106,8 @@ class Signer:
             raise InvalidTokenError()
         return Request(job, address)
 
-    def _sign(self, payload: bytes) -> bytes:
+    def mac(self, payload: bytes) -> bytes:
+        """The token's second part for ``payload`` (its first): unpadded URL-safe base64."""
         mac = self._mac.copy()
         mac.update(payload)
         return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=")

@@ -125,7 +125,7 @@ def test_a_forged_truncated_altered_or_foreign_token_is_refused() -> None:
 
 def other_mac(signer: Signer, payload_text: str) -> str:
     """A genuine MAC over a payload batchrun would never make (no ``job:`` part)."""
-    return signer._sign(_b64(payload_text).encode()).decode()
+    return signer.mac(_b64(payload_text).encode()).decode()
 
 
 def test_settings_need_both_variables_a_long_secret_and_an_https_base() -> None:
