@@ -87,6 +87,11 @@ class DkimSigner:
         self._openssl = _openssl_key(self._key) if openssl else None
         self.sign(_PROBE)  # any other failure of the key shows now, not at the first send
 
+    @property
+    def uses_openssl(self) -> bool:
+        """Whether the RSA step runs in OpenSSL (``cryptography``) rather than dkimpy's Python."""
+        return self._openssl is not None
+
     def __repr__(self) -> str:
         return f"DkimSigner(d={self.domain}, s={self.selector}, {self.key_bits}-bit RSA)"
 
