@@ -323,14 +323,14 @@ def test_from_url_smtp_tls_modes(url: str, port: int, use_tls: bool, start_tls: 
     mailer = from_url(url)
     assert isinstance(mailer, SmtpMailer)
     assert mailer.port == port
-    assert mailer._use_tls is use_tls
-    assert mailer._start_tls is start_tls
+    assert mailer.use_tls is use_tls
+    assert mailer.start_tls is start_tls
 
 
 def test_from_url_smtp_credentials_are_decoded_and_never_shown() -> None:
     mailer = from_url("smtp://bob%40corp:s3cr%2Ft@h:587")
     assert isinstance(mailer, SmtpMailer)
-    assert (mailer._username, mailer._password) == ("bob@corp", "s3cr/t")
+    assert (mailer.username, mailer.password) == ("bob@corp", "s3cr/t")
     assert "s3cr" not in repr(mailer)
 
 
@@ -811,17 +811,24 @@ def test_wire_bytes_match_what_the_email_package_would_build(name: str, subject:
     ],
 )
 async def test_lines_starting_with_a_dot_arrive_as_written(
-    smtp_server: SmtpTestServer, make_mailer: MakeMailer, raw: bytes
+    smtp_server: SmtpTestServer, raw: bytes
 ) -> None:
-    # The mailer dot-stuffs DATA itself (not through aiosmtplib.sendmail): a line that is
-    # or starts with "." must reach the server unchanged, not end the message early.
-    mailer = make_mailer(smtp_server.url)
-    client = await mailer._checkout()
+    # The mailer dot-stuffs DATA itself (smtp_transaction, not aiosmtplib.sendmail): a line
+    # that is or starts with "." must reach the server unchanged, not end the message early.
+    import aiosmtplib
+
+    client = aiosmtplib.SMTP(hostname="127.0.0.1", port=smtp_server.port, start_tls=False)
+    await client.connect()
+    await client.ehlo()
     try:
         await smtp_transaction.transaction(client, "birthday@example.com", "user1@example.com", raw)
+        # The session is still in step afterwards: the next message on it arrives whole.
+        second = make_message(2)
+        await smtp_transaction.transaction(
+            client, second.envelope_sender, second.envelope_to, second.to_bytes()
+        )
     finally:
-        mailer._checkin(client, True)
-    await mailer.send(make_message(2))  # the connection is still in step afterwards
+        await client.quit()
     received = smtp_server.messages
     assert received[0].raw.replace(b"\r\n", b"\n").rstrip(b"\n") == raw.replace(
         b"\r\n", b"\n"

@@ -101,6 +101,26 @@ class SmtpMailer:
         return f"SmtpMailer({user}{self.host}:{self.port}, pool_size={self.pool_size})"
 
     @property
+    def username(self) -> str | None:
+        """The AUTH user name, as decoded from the URL (None: no AUTH)."""
+        return self._username
+
+    @property
+    def password(self) -> str | None:
+        """The AUTH password, as decoded from the URL; never in repr() nor in an error."""
+        return self._password
+
+    @property
+    def use_tls(self) -> bool:
+        """Whether the connection is TLS from the start (``smtps://``)."""
+        return self._use_tls
+
+    @property
+    def start_tls(self) -> bool | None:
+        """STARTTLS: True requires it, False never uses it, None upgrades when offered."""
+        return self._start_tls
+
+    @property
     def open_connections(self) -> int:
         """How many connections are open now (idle or sending)."""
         return len(self._open)
