@@ -13,7 +13,7 @@ from conftest import birthday_scope, query, seed_users, status_of
 
 from batchrun import codes
 from batchrun.db import Store, connect
-from batchrun.db.mysql import _QuietCursor
+from batchrun.db.mysql import QuietCursor
 from batchrun.db.store import Scope, State, now_ms
 from batchrun.job import Context
 from batchrun.jobs.birthday import Birthday
@@ -274,10 +274,14 @@ async def test_mysql_escaping_matches_the_drivers_own(mysql_url: str) -> None:
             1.5,
             datetime.date(2025, 6, 1),
         )
-        async with conn.cursor(_QuietCursor) as cur:
-            mine = cur._escape_args(values, conn)
-            theirs = aiomysql.Cursor._escape_args(cur, values, conn)
+        # mogrify: the very statement execute() sends, built by each cursor's own escaping.
+        async with conn.cursor(aiomysql.Cursor) as plain:
+            theirs = [plain.mogrify("%s", (value,)) for value in values]
+            whole = plain.mogrify(", ".join(["%s"] * len(values)), values)
+        async with conn.cursor(QuietCursor) as cur:
+            mine = [cur.mogrify("%s", (value,)) for value in values]
             assert mine == theirs
+            assert cur.mogrify(", ".join(["%s"] * len(values)), values) == whole
             assert mine[0] == "0" and mine[3] == theirs[3]
             await cur.execute("SELECT " + ", ".join(["%s"] * len(values)), values)
             row = await cur.fetchone()

@@ -55,7 +55,7 @@ _SESSION = (
 _CONNECT = {2002, 2003, 1045, 1049, 2005}
 
 
-class _QuietCursor(aiomysql.Cursor):  # type: ignore[misc]
+class QuietCursor(aiomysql.Cursor):  # type: ignore[misc]
     """A cursor that does not fetch SHOW WARNINGS after a statement with warnings.
 
     INSERT IGNORE reports each duplicate as a warning; fetching them costs a round trip per
@@ -151,7 +151,7 @@ class MySQLDatabase(Database):
                 lost = await self._after_lost(exc, lost, rerun=True)
                 continue
             try:
-                async with conn.cursor(_QuietCursor) as cur:
+                async with conn.cursor(QuietCursor) as cur:
                     await cur.execute(sql, args)
                     rows = list(await cur.fetchall()) if fetch else []
                     names = [d[0] for d in cur.description or ()]
