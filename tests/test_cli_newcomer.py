@@ -24,7 +24,7 @@ from smtp_server import SmtpTestServer, fail_recipients
 from test_cli import ANSI, _restore_root_logger, env, invoke, migrate_and_seed, text
 
 from batchrun.cli import app
-from batchrun.cli.app import reflow
+from batchrun.cli.conventions import reflow
 from batchrun.cli.explain import INDEX, verdict
 
 __all__ = ["_restore_root_logger", "env"]  # test_cli's fixtures, for these tests too
@@ -114,10 +114,10 @@ ZERO_ROWS = ("not queued", "left pending", "lost claims", "continuation", "throt
 
 
 def rows_of(out: str) -> dict[str, str]:
-    """``name -> value`` of a two-column table."""
+    """``name -> value`` of a two-column table (plain columns: stdout is not a terminal)."""
     found = {}
     for line in ANSI.sub("", out).splitlines():
-        cells = [c.strip() for c in re.split(r"[│┃]", line) if c.strip()]
+        cells = [c.strip() for c in re.split(r"\s{2,}", line) if c.strip()]
         if len(cells) == 2:
             found[cells[0]] = cells[1]
     return found

@@ -6,7 +6,8 @@ queue.py   retry, worker
 status.py  status
 suppress.py  suppress add / remove / list, unsubscribe
 db.py      db migrate, db seed, db explain
-output.py  the progress bar and tables
+output.py  the progress bar and the run summary
+conventions.py  what every command shares: metavars, Examples:, plain tables when piped
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import sys
 
 import typer
 
-from batchrun.cli import db, events, jobs, queue, status, suppress
-from batchrun.cli.app import app, quiet_help_flags, reflow_help
+from batchrun.cli import conventions, db, events, jobs, queue, status, suppress
+from batchrun.cli.app import app
 
 try:  # typer 0.2x vendors click; older releases use click itself
     from typer._click import exceptions as click_exceptions
@@ -25,8 +26,7 @@ except ImportError:  # pragma: no cover
 
 __all__ = ["app", "db", "events", "jobs", "main", "queue", "status", "suppress"]
 
-reflow_help(app)  # every command is registered by now: help reads as written
-quiet_help_flags(app)  # --help / -h without a <bool>
+conventions.apply(app)  # every command is registered by now: metavars, defaults, reflow
 
 
 # The global options that take a value, and the flags; `batchrun birthday --db URL` is

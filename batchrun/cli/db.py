@@ -11,7 +11,8 @@ from rich.table import Table
 
 from batchrun.backends import open_backends
 from batchrun.cli import explain
-from batchrun.cli.app import Context, db_app, period_option, run_command, stderr, stdout
+from batchrun.cli.app import Context, db_app, period_option, run_command
+from batchrun.cli.conventions import stderr, stdout
 from batchrun.db import ddl
 from batchrun.db.sqlite import sqlite_path
 from batchrun.errors import ConfigError, DatabaseError

@@ -11,7 +11,8 @@ import typer
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, run_command, stderr
+from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.conventions import stderr
 from batchrun.cli.output import table
 from batchrun.mail import events as mail_events
 

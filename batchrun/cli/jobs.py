@@ -11,7 +11,8 @@ import typer
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, period_option, rate_option, run_command, stderr, stdout
+from batchrun.cli.app import Context, app, period_option, rate_option, run_command
+from batchrun.cli.conventions import stderr, stdout
 from batchrun.cli.output import ASKED, Month, progress_bar, table
 from batchrun.errors import UsageError
 from batchrun.period import Period

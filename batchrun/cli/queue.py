@@ -10,7 +10,8 @@ import typer
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, rate_option, run_command, stderr
+from batchrun.cli.app import Context, app, rate_option, run_command
+from batchrun.cli.conventions import stderr
 from batchrun.cli.output import ASKED, table
 from batchrun.runtime import Options
 

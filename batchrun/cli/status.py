@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, app, period_option, run_command, stdout
+from batchrun.cli.app import Context, app, period_option, run_command
+from batchrun.cli.conventions import stdout
 from batchrun.cli.output import STATE_NAMES, table
 
 SHOWN = 50

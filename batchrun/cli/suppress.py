@@ -11,7 +11,8 @@ from rich.table import Table
 
 from batchrun import unsubscribe as unsubscribing
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, app, run_command, stderr, stdout
+from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.conventions import stderr, stdout
 from batchrun.db.store import REASONS, Reason, Suppression, address_key
 from batchrun.errors import ConfigError
 from batchrun.mail.base import valid_address
