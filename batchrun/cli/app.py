@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -235,7 +236,9 @@ def run_command(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]
         code = asyncio.run(make())
     except BatchrunError as exc:
         if context.verbose:
-            stderr.print_exception()
+            # The frames only: the message is the one line below, printed once.
+            frames = "".join(traceback.format_tb(exc.__traceback__))
+            stderr.print(f"Traceback (most recent call last):\n{frames}", markup=False, end="")
         settings = context.settings
         text = mask_text(str(exc), settings.db_url, settings.mail_url, settings.retry_queue_url)
         stderr.print(f"[red]error:[/] {text}", highlight=False, soft_wrap=True)

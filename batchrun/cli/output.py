@@ -93,7 +93,8 @@ class Month:
         """The line after a run that stopped (or hit --limit) with some of the period to do."""
         earlier = f", {self.done_before} by earlier runs" if self.done_before else ""
         return (
-            f"done {self.done_before + worked} of {self.total} eligible ({worked} in this "
+            # Not "eligible": the summary's eligible is what this run took on.
+            f"done {self.done_before + worked} of the period's {self.total} ({worked} in this "
             f"run{earlier}); {self.left(worked)} still to do: the same command goes on"
         )
 

@@ -6,17 +6,23 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, period_option, run_command
-from batchrun.cli.conventions import stdout
+from batchrun.cli.conventions import examples, print_table, stdout
 from batchrun.cli.output import STATE_NAMES, table
 
 SHOWN = 50
 
 
-@app.command("status")
+@app.command(
+    "status",
+    epilog=examples(
+        "batchrun status --month 2025-06",
+        "batchrun status renewal --period 2025-06-01 --all",
+        "batchrun status birthday --period 2025-06 --json",
+    ),
+)
 def status(
     ctx: typer.Context,
     job: Annotated[str, typer.Argument(help="The job's name.")] = "birthday",
@@ -47,11 +53,11 @@ def status(
         async with open_backends(settings, queue=True, jobs=[entry.job]) as backends:
             assert backends.queue is not None
             limit = 10**9 if show_all else SHOWN
-            counts = await context.runtime(backends).status(job, which, problems=limit + 1)
+            counts = await context.runtime(backends).status(job, which, problems=limit)
             depth, dead = await backends.queue.depths()
-        problems: list[tuple[int, int, int, str | None]] = counts.pop("problems")
-        more = max(0, len(problems) - limit)
-        problems = problems[:limit]
+        problems: list[tuple[int, int, int, str | None]] = counts.pop("problems")[:limit]
+        not_done = sum(int(counts.get(k) or 0) for k in ("skipped", "retrying", "failed_permanent"))
+        more = max(0, not_done - len(problems))  # every one the ledger lists, not one past it
         data: dict[str, Any] = {"job": job, "period": str(which)}
         if unit == "month":
             data["month"] = str(which)
@@ -81,12 +87,16 @@ def status(
             f"status {job} {which}", {k: v for k, v in data.items() if not k.startswith("problems")}
         )
         if problems:
-            out = Table("id", "state", "attempts", "reason", title="entities not done")
-            for p in data["problems"]:
-                out.add_row(str(p["id"]), p["state"], str(p["attempts"]), p["reason"] or "")
-            stdout.print(out)
+            print_table(
+                ("id", "state", "attempts", "reason"),
+                [(p["id"], p["state"], p["attempts"], p["reason"]) for p in data["problems"]],
+                title="entities not done",
+            )
         if more:
-            stdout.print(f"… and {more} more (`batchrun status --all` lists them)", highlight=False)
+            stdout.print(
+                f"… and {more} more (`batchrun status {job} --period {which} --all` lists them)",
+                highlight=False,
+            )
         return 0
 
     run_command(ctx, go)

@@ -399,6 +399,7 @@ def _count(result: RetrySummary, verdict: Verdict) -> None:
         result.add_run(verdict.summary)
     elif verdict.action == "poison":
         result.processed += 1  # a message that named no entity, dead-lettered unworked
+        result.poison += 1
         result.dead_lettered += 1
     elif verdict.counted and verdict.outcome is not None:
         result.add_entity(verdict.outcome)
