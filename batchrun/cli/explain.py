@@ -120,9 +120,9 @@ def page_verdict(
         slow += problems
     if slow:
         reading = f"reads {', '.join(found)}, but " if found else ""
-        problems = "; ".join(dict.fromkeys(slow))
+        said = "; ".join(dict.fromkeys(slow))
         return (
-            f"slow: {job}'s page query {reading}{problems}: each page examines more rows than "
+            f"slow: {job}'s page query {reading}{said}: each page examines more rows than "
             "it returns; give it an index on the WHERE columns, then id (a migrate_* step of "
             "the job's SqlFolder)"
         )
