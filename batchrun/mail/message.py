@@ -74,6 +74,18 @@ def valid_address(addr: str) -> bool:
     return len(labels) >= 2 and all(labels)
 
 
+def sender_problem(sender: str) -> str | None:
+    """What makes ``sender`` (``Name <addr>`` or ``addr``) unusable as a From, if anything."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in sender):
+        return "contains a control character"
+    address = parseaddr(sender)[1] or sender
+    if not valid_address(address):
+        return "is not a usable sender address"
+    if not address.isascii():
+        return "is not ASCII (the sender address must be)"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     """One email to one recipient; every backend sends ``to_bytes()``."""
