@@ -6,6 +6,7 @@ queue.py   retry, worker
 status.py  status
 suppress.py  suppress add / remove / list, unsubscribe
 db.py      db migrate, db seed, db explain
+new.py     new (a job, its templates and its test)
 output.py  the progress bar and tables
 """
 
@@ -15,7 +16,7 @@ import sys
 
 import typer
 
-from batchrun.cli import db, events, jobs, queue, status, suppress
+from batchrun.cli import db, events, jobs, new, queue, status, suppress
 from batchrun.cli.app import app, quiet_help_flags, reflow_help
 
 try:  # typer 0.2x vendors click; older releases use click itself
@@ -23,7 +24,7 @@ try:  # typer 0.2x vendors click; older releases use click itself
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-__all__ = ["app", "db", "events", "jobs", "main", "queue", "status", "suppress"]
+__all__ = ["app", "db", "events", "jobs", "main", "new", "queue", "status", "suppress"]
 
 reflow_help(app)  # every command is registered by now: help reads as written
 quiet_help_flags(app)  # --help / -h without a <bool>
