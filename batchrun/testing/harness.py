@@ -142,6 +142,12 @@ class AsyncHarness:
         return self.settings.db_url
 
     @property
+    def dialect(self) -> str:
+        """The database's SQL dialect: ``"sqlite"``, ``"mysql"`` or ``"postgresql"``."""
+        assert self._database is not None, "the harness is not open"
+        return self._database.dialect
+
+    @property
     def emails(self) -> list[Email]:
         """Every email accepted so far, in order (``mailbox.messages``)."""
         return self.mailbox.messages

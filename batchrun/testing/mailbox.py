@@ -92,12 +92,17 @@ class Email:
             to_name=message.to_name,
             sender=str(parsed["From"]),
             subject=str(parsed["Subject"]),
-            text=str(text.get_content()) if text is not None else "",
-            html=str(html.get_content()) if html is not None else None,
+            # The wire's CRLF line ends read back as the "\n" the job wrote.
+            text=_lines(text.get_content()) if text is not None else "",
+            html=_lines(html.get_content()) if html is not None else None,
             headers=Headers(parsed.items()),
             message_id=message.message_id,
             raw=raw,
         )
+
+
+def _lines(content: object) -> str:
+    return str(content).replace("\r\n", "\n")
 
 
 @dataclass

@@ -91,6 +91,11 @@ class Harness:
         return self._async.counters
 
     @property
+    def dialect(self) -> str:
+        """The database's SQL dialect: ``"sqlite"``, ``"mysql"`` or ``"postgresql"``."""
+        return self._async.dialect
+
+    @property
     def url(self) -> str:
         """The database's URL."""
         return self._async.url
