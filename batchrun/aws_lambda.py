@@ -49,7 +49,7 @@ from batchrun.mail import events as mail_events
 from batchrun.period import Period, current
 from batchrun.period import parse as parse_period
 from batchrun.queue.base import Received
-from batchrun.registry import Registry, discover, parse_specs
+from batchrun.registry import Registry, builtin_modules, discover, parse_specs
 from batchrun.runtime import Options, Runtime, Summary, Verdict
 from batchrun.secrets import database_url, forget
 from batchrun.settings import Settings
@@ -145,7 +145,9 @@ async def _handle(
     )
     registry: Registry | None = None
     try:
-        registry = discover(parse_specs(settings.jobs))
+        registry = discover(
+            parse_specs(settings.jobs), builtins=builtin_modules(settings.builtin_jobs)
+        )
         if kind == "sqs":
             return await _sqs(event, settings, registry, stop, options)
         runs, dry_run = _runs_of(event, kind, registry, settings)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from email.utils import parseaddr
 
 from batchrun.db import Store, connect
 from batchrun.errors import UsageError
 from batchrun.job import Job
-from batchrun.mail.base import Mailer, valid_address
+from batchrun.mail.base import Mailer
 from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.mail.dkim import signer_for
+from batchrun.mail.message import sender_problem
 from batchrun.queue.base import RetryQueue
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.settings import Settings
@@ -39,12 +39,10 @@ def check_urls(settings: Settings, *, mail: bool) -> None:
             "mysql://user:pass@host:port/db, postgresql://user:pass@host:port/db "
             "or sqlite:///path"
         )
-    if mail and any(ord(c) < 32 or ord(c) == 127 for c in settings.sender):
-        raise UsageError(f"--from {settings.sender!r} contains a control character")
-    if mail and not valid_address(parseaddr(settings.sender)[1] or settings.sender):
-        raise UsageError(f"--from {settings.sender!r} is not a usable sender address")
-    if mail and not (parseaddr(settings.sender)[1] or settings.sender).isascii():
-        raise UsageError(f"--from {settings.sender!r}: the sender address must be ASCII")
+    if mail and settings.sender is not None:
+        problem = sender_problem(settings.sender)
+        if problem is not None:
+            raise UsageError(f"--from {settings.sender!r} {problem}")
     if mail and scheme_of(settings.mail_url) not in MAIL_SCHEMES:
         raise UsageError(
             f"unknown --mail URL scheme {scheme_of(settings.mail_url) or '(none)'!r}: "
@@ -97,7 +95,7 @@ async def open_backends(
     """
     check_urls(settings, mail=mail)
     # Read and tried before anything connects: a bad key is a config error, exit 2.
-    dkim = signer_for(settings) if mail else None
+    dkim = signer_for(settings, jobs[0].sender_address() if jobs else None) if mail else None
     # The page reader, the group commit, the heartbeat and a spare: the workers send mail,
     # they do not hold database connections.
     database = await connect(

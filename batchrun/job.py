@@ -188,6 +188,11 @@ class Job:
         requires: table -> columns the job needs; ``run`` stops before claiming
             anything when one is missing.
         counters: the ``ctx.count`` names, reported (0 when unused) in every summary.
+        address: the page column that holds the recipient's email address (default
+            ``"email"``): batchrun looks each page's addresses up on the suppression list
+            before ``prepare``, and a dry run counts an invalid or suppressed one skipped.
+        sender: the From of the job's emails, e.g. ``"Shop <renewals@shop.example>"``;
+            ``--from`` (``BATCHRUN_FROM``) overrides it. Default: ``"{name}@localhost"``.
     """
 
     name: ClassVar[str] = ""
@@ -199,10 +204,17 @@ class Job:
     templates: ClassVar[Path | str | None] = None
     requires: ClassVar[Mapping[str, Sequence[str]]] = {}
     counters: ClassVar[Sequence[str]] = ()
+    address: ClassVar[str] = "email"
+    sender: ClassVar[str | None] = None
 
     @classmethod
     def once_unit(cls) -> Unit:
         return cls.once_per or cls.period
+
+    @classmethod
+    def sender_address(cls) -> str:
+        """The job's own From: ``sender``, else ``"{name}@localhost"``."""
+        return cls.sender or f"{cls.name}@localhost"
 
     async def page(self, ctx: Context, after: int, limit: int) -> list[dict[str, Any]]:
         """Rows with an integer ``id`` greater than ``after``, ascending, at most ``limit``."""

@@ -34,10 +34,32 @@ from typing import Any
 
 from batchrun.errors import UsageError
 from batchrun.job import NAME, Job
+from batchrun.mail.message import sender_problem
 from batchrun.period import UNITS
 
-BUILTIN_MODULES: tuple[str, ...] = ("batchrun.jobs.birthday",)
+BUILTINS: dict[str, str] = {"birthday": "batchrun.jobs.birthday"}  # job name -> module
+BUILTIN_MODULES: tuple[str, ...] = tuple(BUILTINS.values())
 ENTRY_POINT_GROUP = "batchrun.jobs"
+
+
+def builtin_modules(names: str | None) -> tuple[str, ...]:
+    """The modules of the built-in jobs ``BATCHRUN_BUILTIN_JOBS`` names (comma-separated
+    job names; empty: none; None, the variable unset: all of them).
+
+    Raises:
+        UsageError: a name that is no built-in job.
+    """
+    if names is None:
+        return BUILTIN_MODULES
+    modules = []
+    for name in parse_specs(names):
+        if name not in BUILTINS:
+            raise UsageError(
+                f"BATCHRUN_BUILTIN_JOBS: {name!r} is not a built-in job "
+                f"(built-in: {', '.join(BUILTINS)}; empty for none)"
+            )
+        modules.append(BUILTINS[name])
+    return tuple(modules)
 
 
 @dataclass(frozen=True)
@@ -222,6 +244,12 @@ def _from(
     return [(cls, source, label) for cls in classes]
 
 
+def check_job(cls: type[Job]) -> None:
+    """Raise a ``UsageError`` of one line when ``cls`` breaks the ``Job`` contract, as
+    ``--jobs`` would (a bad name or period, a ``page`` that is not ``async def`` ...)."""
+    _check(cls, f"class {cls.__qualname__}")
+
+
 def _check(cls: type[Job], where: str) -> None:
     def fail(problem: str) -> UsageError:
         return UsageError(_one_line(f"{where}: {problem}"))
@@ -236,6 +264,13 @@ def _check(cls: type[Job], where: str) -> None:
         raise fail(f"once_per {cls.once_per!r} is shorter than period {cls.period!r}")
     if not isinstance(cls.description, str):
         raise fail("description is not a string")
+    if not isinstance(cls.address, str) or not cls.address:
+        raise fail(f"address {cls.address!r} is not a column name")
+    if cls.sender is not None:
+        if not isinstance(cls.sender, str):
+            raise fail(f"sender {cls.sender!r} is not a string")
+        if (problem := sender_problem(cls.sender)) is not None:
+            raise fail(f"sender {cls.sender!r} {problem}")
     for method in ("page", "process"):
         if getattr(cls, method) is getattr(Job, method):
             raise fail(f"does not define {method}()")

@@ -7,14 +7,17 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from batchrun.errors import ConfigError
 
+if TYPE_CHECKING:
+    from batchrun.job import Job
+
 DEFAULT_DB = "sqlite:///batchrun.db"
 DEFAULT_MAIL = "file://outbox"
-DEFAULT_FROM = "birthday@localhost"
+DEFAULT_FROM = "birthday@localhost"  # the birthday job's own From (each job has its own)
 
 
 def _float(env: Mapping[str, str], key: str, default: float, *, minimum: float = 0.0) -> float:
@@ -112,7 +115,7 @@ class Settings:
     db_url: str = DEFAULT_DB
     mail_url: str = DEFAULT_MAIL
     retry_queue_url: str | None = None  # None: the queue table in the --db database
-    sender: str = DEFAULT_FROM
+    sender: str | None = None  # --from; None: each job's own (Job.sender, "{job}@localhost")
     mail_timeout_s: float = 10.0
     lease_s: float = 15.0  # a dead run's claims expire this long after its last heartbeat
     breaker_threshold: int = 5  # consecutive connection-level mail failures that stop a run
@@ -128,6 +131,9 @@ class Settings:
     extra: Mapping[str, str] = field(default_factory=dict)
     scheduled_jobs: str | None = None  # the Lambda's: the jobs a scheduled event runs
     jobs: str | None = None  # --jobs: modules or .py files defining jobs, comma-separated
+    # BATCHRUN_BUILTIN_JOBS: the built-in jobs to register, comma-separated ("" for none);
+    # None (unset): all of them.
+    builtin_jobs: str | None = None
     templates_dir: str | None = None  # --templates: email templates overriding the jobs' own
     # One-click unsubscribe: the base URL tokens go under, and the secret that signs them.
     unsubscribe_url: str | None = None
@@ -149,7 +155,7 @@ class Settings:
             db_url=env.get("BATCHRUN_DB") or DEFAULT_DB,
             mail_url=env.get("BATCHRUN_MAIL") or DEFAULT_MAIL,
             retry_queue_url=env.get("BATCHRUN_RETRY_QUEUE") or None,
-            sender=env.get("BATCHRUN_FROM") or DEFAULT_FROM,
+            sender=env.get("BATCHRUN_FROM") or None,
             mail_timeout_s=_float(env, "BATCHRUN_MAIL_TIMEOUT_S", 10.0, minimum=0.1),
             lease_s=_float(env, "BATCHRUN_LEASE_S", 15.0, minimum=0.5),
             breaker_threshold=_int(env, "BATCHRUN_BREAKER_THRESHOLD", 5, minimum=1),
@@ -168,6 +174,7 @@ class Settings:
             ),
             extra={k: v for k, v in env.items() if k.startswith("AWS_")},
             jobs=env.get("BATCHRUN_JOBS") or None,
+            builtin_jobs=env.get("BATCHRUN_BUILTIN_JOBS"),  # set but empty: none
             scheduled_jobs=env.get("BATCHRUN_SCHEDULED_JOBS") or None,
             templates_dir=env.get("BATCHRUN_TEMPLATES") or None,
             unsubscribe_url=unsubscribe_url,
@@ -176,6 +183,10 @@ class Settings:
             dkim_selector=dkim_selector,
             environ=dict(env),
         )
+
+    def sender_for(self, job: Job) -> str:
+        """The From of ``job``'s emails: ``--from`` (``BATCHRUN_FROM``), else the job's own."""
+        return self.sender or job.sender_address()
 
     def with_overrides(self, **changes: Any) -> Settings:
         """A copy with the non-None ``changes`` applied (CLI options)."""

@@ -1,10 +1,8 @@
-"""The example jobs' logic (examples/renewal, examples/credits) against a fake Context.
-
-The Context is batchrun's own; only what the runtime lends it is faked: ``db`` runs the
-job's SQL on a real database (a SQLite file, and MySQL when the server is there) migrated
-with the job's own steps, and the effects record emails and counters. The credits job
-talks to a real HTTP server (tests/http_server.py). The guarantees under real runs
-(claims, ledger, crashes) belong to the runtime's suite, not here.
+"""The example jobs (examples/renewal, examples/credits), tested as their authors would:
+with ``batchrun.testing`` only, on a database migrated with the job's own steps (SQLite,
+and MariaDB and PostgreSQL where ``db_url`` says so), a mailbox, and for credits an
+``HttpDouble`` standing in for the credits API. The guarantees under concurrent runs and
+crashes belong to the runtime's suite (tests/test_guarantees.py), not here.
 """
 
 from __future__ import annotations
@@ -13,26 +11,18 @@ import asyncio
 import datetime as dt
 import importlib.util
 import socket
-import sqlite3
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import psycopg
-import psycopg.rows
-import pymysql
-import pymysql.cursors
 import pytest
-from conftest import ROOT, mysql_connect, pg_connect
-from http_server import GrantsTestServer
+from conftest import ROOT
 
 import batchrun
-from batchrun.db import connect
-from batchrun.db.sql import PLACEHOLDERS, Queries
-from batchrun.db.sqlite import sqlite_path
+from batchrun.testing import Harness, HttpDouble, LedgerEntry, Request
 
 
 def load_example(name: str) -> ModuleType:
@@ -49,207 +39,128 @@ def load_example(name: str) -> ModuleType:
 renewal = load_example("renewal")
 credits = load_example("credits")
 
-RUN_DAY = dt.date(2025, 6, 1)
+RUN_DAY = "2025-06-01"
 RENEWS = "2025-06-08"  # RUN_DAY + 7
-
-
-class FakeDb:
-    """``ctx.db`` over one real connection: sqlite3 for SQLite, pymysql for MySQL, psycopg
-    for PostgreSQL (``%s`` placeholders, as pymysql's)."""
-
-    def __init__(self, url: str) -> None:
-        self.dialect = "sqlite" if url.startswith("sqlite") else "mysql"
-        if url.startswith("postgres"):
-            self.dialect = "postgresql"
-        mark = "%s" if self.dialect == "postgresql" else PLACEHOLDERS[self.dialect]
-        self.queries = Queries(self.dialect, mark, {})
-        if self.dialect == "sqlite":
-            self.conn: Any = sqlite3.connect(sqlite_path(url), isolation_level=None)
-            self.conn.row_factory = sqlite3.Row
-        elif self.dialect == "postgresql":
-            self.conn = pg_connect(url)
-            self.conn.row_factory = psycopg.rows.dict_row
-        else:
-            self.conn = mysql_connect(url)
-
-    def _run(self, sql: str, params: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
-        text, args = self.queries.compile_text(sql, sql, params)
-        if self.dialect == "sqlite":
-            cur = self.conn.execute(text, args)
-            rows = [dict(r) for r in cur.fetchall()]
-            return cur.rowcount, rows
-        if self.dialect == "postgresql":
-            cur = self.conn.execute(text, args)
-            return cur.rowcount, list(cur.fetchall()) if cur.description else []
-        with self.conn.cursor(pymysql.cursors.DictCursor) as cur:
-            count = cur.execute(text, args)
-            return count, list(cur.fetchall())
-
-    async def fetch(self, sql: str, /, **params: Any) -> list[dict[str, Any]]:
-        return self._run(sql, params)[1]
-
-    async def execute(self, sql: str, /, **params: Any) -> int:
-        return self._run(sql, params)[0]
-
-    def close(self) -> None:
-        self.conn.close()
-
-
-class FakeEffects:
-    """What the runtime lends a Context, recorded: emails sent and counters."""
-
-    def __init__(self) -> None:
-        self.emails: list[dict[str, Any]] = []
-        self.counts: Counter[str] = Counter()
-
-    async def send_email(self, ctx: batchrun.Context, **fields: Any) -> None:
-        self.emails.append({"key": ctx.key, **fields})
-
-    def count(self, name: str, n: int) -> None:
-        self.counts[name] += n
-
-
-async def migrate(url: str, folder: batchrun.SqlFolder) -> list[str]:
-    """Apply a job's schema steps as ``batchrun db migrate`` does: guards decide."""
-    database = await connect(url, create=True)
-    applied = []
-    try:
-        for step in folder.migration_steps(database.dialect):
-            if not any([await database.guard_holds(guard) for guard in step.unless]):
-                await database.run_step(step)
-                applied.append(step.name)
-            for guard in step.unless:  # a wrong guard would rerun the step on every migrate
-                assert await database.guard_holds(guard), f"{step.name}: {guard} not holding"
-    finally:
-        await database.close()
-    return applied
-
-
-@pytest.fixture
-async def make_db() -> AsyncIterator[Callable[..., Any]]:
-    """Factory: ``await make_db(url, job_class)`` -> a FakeDb on a migrated database."""
-    opened: list[FakeDb] = []
-
-    async def make(url: str, job: type[batchrun.Job]) -> FakeDb:
-        assert job.sql is not None
-        assert await migrate(url, job.sql), "a fresh database got no step"
-        assert await migrate(url, job.sql) == [], "a second migrate ran a step again"
-        db = FakeDb(url)
-        opened.append(db)
-        return db
-
-    yield make
-    for db in opened:
-        db.close()
-
-
-def make_ctx(job: batchrun.Job, db: FakeDb, period: batchrun.Period) -> batchrun.Context:
-    return batchrun.Context(job, period, db, FakeEffects())
-
-
-def effects(ctx: batchrun.Context) -> FakeEffects:
-    return ctx._effects  # type: ignore[return-value]
 
 
 # -- renewal ---------------------------------------------------------------------------------
 
+ACCOUNTS = [  # (id, contact, name, renews_on, active), not in id order
+    (9, "i@example.com", "Ida", RENEWS, 1),
+    (1, "a@example.com", "Ann", RENEWS, 1),
+    (2, "b@example.com", "Bob", "2025-06-07", 1),  # renews a day early
+    (3, "c@example.com", "Cy", RENEWS, 0),  # inactive
+    (4, None, "Dee", RENEWS, 1),  # no address: selected, then skipped by process
+    (8, "h@example.com", "Hal", RENEWS, 1),
+    (5, "e@example.com", "Eve", RENEWS, 1),
+    (7, "g@example.com", "Gus", "2025-06-09", 1),  # a day late
+]
+
+
+def add_accounts(h: Harness, rows: list[tuple[Any, ...]]) -> None:
+    h.execute("INSERT INTO account (id, contact, name, renews_on, active) VALUES :rows", rows=rows)
+    if h.dialect == "postgresql":  # explicit ids do not move an identity column's sequence
+        h.fetch("SELECT setval(pg_get_serial_sequence('account', 'id'), 9)")
+
 
 @pytest.fixture
-async def renewal_ctx(db_url: str, make_db: Callable[..., Any]) -> batchrun.Context:
-    db = await make_db(db_url, renewal.RenewalReminder)
-    accounts = [  # (id, contact, name, renews_on, active), not in id order
-        (9, "i@example.com", "Ida", RENEWS, 1),
-        (1, "a@example.com", "Ann", RENEWS, 1),
-        (2, "b@example.com", "Bob", "2025-06-07", 1),  # renews a day early
-        (3, "c@example.com", "Cy", RENEWS, 0),  # inactive
-        (4, None, "Dee", RENEWS, 1),  # no address: selected, then skipped by process
-        (8, "h@example.com", "Hal", RENEWS, 1),
-        (5, "e@example.com", "Eve", RENEWS, 1),
-        (7, "g@example.com", "Gus", "2025-06-09", 1),  # a day late
-    ]
-    await db.execute(
-        "INSERT INTO account (id, contact, name, renews_on, active) VALUES :rows", rows=accounts
-    )
-    if db.dialect == "postgresql":  # explicit ids do not move an identity column's sequence
-        await db.fetch("SELECT setval(pg_get_serial_sequence('account', 'id'), 9)")
-    return make_ctx(renewal.RenewalReminder(), db, batchrun.Period(RUN_DAY, "day"))
+def renewals(db_url: str) -> Iterator[Harness]:
+    """The renewal job on a database its own steps migrated, with ACCOUNTS."""
+    with Harness(renewal.RenewalReminder, db=db_url) as h:
+        add_accounts(h, ACCOUNTS)
+        yield h
 
 
-async def test_renewal_pages_the_accounts_renewing_in_a_week_in_id_order(
-    renewal_ctx: batchrun.Context,
-) -> None:
-    job = renewal_ctx.job
+def test_renewal_pages_the_accounts_renewing_in_a_week_in_id_order(renewals: Harness) -> None:
     pages, after = [], 0
-    while rows := await job.page(renewal_ctx, after=after, limit=2):
+    while rows := renewals.page(RUN_DAY, after=after, limit=2):
         assert len(rows) <= 2
         pages.append([row["id"] for row in rows])
         after = rows[-1]["id"]
     assert pages == [[1, 4], [5, 8], [9]]
-    assert (await job.page(renewal_ctx, after=0, limit=1))[0] == {
-        "id": 1,
-        "email": "a@example.com",
-        "name": "Ann",
-    }
+    assert renewals.page(RUN_DAY, limit=1)[0] == {"id": 1, "email": "a@example.com", "name": "Ann"}
     # batchrun re-checks one entity with page(after=id - 1, limit=1)
-    assert [r["id"] for r in await job.page(renewal_ctx, after=4, limit=1)] == [5]
-    assert [r["id"] for r in await job.page(renewal_ctx, after=2, limit=1)] == [4]
+    assert [r["id"] for r in renewals.page(RUN_DAY, after=4, limit=1)] == [5]
+    assert [r["id"] for r in renewals.page(RUN_DAY, after=2, limit=1)] == [4]
 
 
-async def test_renewal_page_is_an_index_range(renewal_ctx: batchrun.Context) -> None:
-    db = renewal_ctx.db
+def test_renewal_runs_once_per_account_and_day(renewals: Harness) -> None:
+    dry = renewals.dry_run(RUN_DAY)
+    summary = renewals.run(RUN_DAY)
+    assert (summary.eligible, summary.succeeded, summary.skipped) == (5, 4, 1)
+    assert (dry.eligible, dry.skipped) == (summary.eligible, summary.skipped)
+    assert sorted(e.to for e in renewals.emails) == [
+        "a@example.com",
+        "e@example.com",
+        "h@example.com",
+        "i@example.com",
+    ]
+    dee = renewals.ledger(4, RUN_DAY)
+    assert dee is not None and (dee.state, dee.reason) == ("skipped", "no address")
+    assert renewals.ledger(2, RUN_DAY) is None  # not due this day: never in the page
+    assert renewals.run(RUN_DAY).eligible == 0
+    assert renewals.run("2025-06-02").eligible == 1  # Gus, a day later
+
+
+def test_renewal_page_is_an_index_range(renewals: Harness) -> None:
     # Enough accounts on other days that a scan in id order is the worse plan.
     start = dt.date(2025, 7, 1)
     rows = [
         (f"x{i}@example.com", f"X{i}", (start + dt.timedelta(days=i % 90)).isoformat(), 1)
         for i in range(3000)
     ]
-    await db.execute(
+    renewals.execute(
         "INSERT INTO account (contact, name, renews_on, active) VALUES :rows", rows=rows
     )
-    await db.execute(
-        {"sqlite": "ANALYZE", "postgresql": "ANALYZE account"}.get(
-            db.dialect, "ANALYZE TABLE account"
-        )
+    dialect = renewals.dialect
+    renewals.execute(
+        {"sqlite": "ANALYZE", "postgresql": "ANALYZE account"}.get(dialect, "ANALYZE TABLE account")
     )
-    sql = renewal_ctx.sql("page")
+    assert renewal.RenewalReminder.sql is not None
+    sql = renewal.RenewalReminder.sql.text(dialect, "page")
     params = {"day": RENEWS, "after": 0, "limit": 100}
-    if db.dialect == "sqlite":
-        plan = " ".join(r["detail"] for r in await db.fetch("EXPLAIN QUERY PLAN " + sql, **params))
-        assert "USING INDEX idx_account_renews_on_active_id" in plan, plan
-    elif db.dialect == "postgresql":
-        plan = " ".join(r["QUERY PLAN"] for r in await db.fetch("EXPLAIN " + sql, **params))
+    index = "idx_account_renews_on_active_id"
+    if dialect == "sqlite":
+        plan = " ".join(r["detail"] for r in renewals.fetch("EXPLAIN QUERY PLAN " + sql, **params))
+        assert f"USING INDEX {index}" in plan, plan
+    elif dialect == "postgresql":
+        plan = " ".join(r["QUERY PLAN"] for r in renewals.fetch("EXPLAIN " + sql, **params))
         # An index scan, or for these few rows a bitmap one over the same index range.
-        index = "idx_account_renews_on_active_id"
         assert f"Index Scan using {index}" in plan or f"Index Scan on {index}" in plan, plan
         assert "Seq Scan" not in plan, plan
     else:
-        (row,) = await db.fetch("EXPLAIN " + sql, **params)
-        assert row["key"] == "idx_account_renews_on_active_id", row
+        (row,) = renewals.fetch("EXPLAIN " + sql, **params)
+        assert row["key"] == index, row
 
 
-async def test_renewal_emails_through_its_template(renewal_ctx: batchrun.Context) -> None:
-    (row,) = await renewal_ctx.job.page(renewal_ctx, after=0, limit=1)
-    await renewal_ctx.job.process(renewal_ctx.entity(row["id"]), row)
-    assert effects(renewal_ctx).emails == [
-        {
-            "key": "renewal:2025-06-01:1",
-            "to": "a@example.com",
-            "subject": None,
-            "text": None,
-            "html": None,
-            "to_name": "Ann",
-            "template": "renewal",
-            "variables": {"name": "Ann", "renews_on": dt.date(2025, 6, 8)},
-        }
-    ]
+def test_renewal_emails_through_its_template() -> None:
+    with Harness(renewal.RenewalReminder) as h:
+        add_accounts(h, ACCOUNTS)
+        (row,) = h.page(RUN_DAY, limit=1)
+        h.process(row, RUN_DAY)
+        (email,) = h.emails
+    assert (email.to, email.to_name) == ("a@example.com", "Ann")
+    assert email.subject == "Your plan renews on June 8"
+    assert email.message_id == "<renewal.2025-06-01.1@localhost>"
+    assert email.sender == "renewal@localhost"
+    assert "Hello Ann," in email.text and "Sunday, June 8, 2025" in email.text
+    assert email.html is not None and "<strong>Sunday, June 8, 2025</strong>" in email.html
+
+
+def test_renewal_preview_shows_one_accounts_email() -> None:
+    with Harness(renewal.RenewalReminder) as h:
+        add_accounts(h, ACCOUNTS)
+        email = h.preview(5, RUN_DAY)
+        assert (email.to, email.subject) == ("e@example.com", "Your plan renews on June 8")
+        assert h.emails == [] and h.ledger(5, RUN_DAY) is None
 
 
 @pytest.mark.parametrize("contact", [None, ""])
-async def test_renewal_without_an_address_is_skipped(contact: str | None) -> None:
-    ctx = make_ctx(renewal.RenewalReminder(), None, batchrun.Period(RUN_DAY, "day"))  # type: ignore[arg-type]
-    with pytest.raises(batchrun.Skip, match="no address"):
-        await ctx.job.process(ctx.entity(4), {"id": 4, "email": contact, "name": "Dee"})
-    assert effects(ctx).emails == []
+def test_renewal_without_an_address_is_skipped(contact: str | None) -> None:
+    with Harness(renewal.RenewalReminder) as h:
+        with pytest.raises(batchrun.Skip, match="no address"):
+            h.process({"id": 4, "email": contact, "name": "Dee"}, RUN_DAY)
+        assert h.emails == []
 
 
 def test_renewal_templates_render() -> None:
@@ -274,265 +185,229 @@ def test_renewal_templates_render() -> None:
 
 # -- credits ---------------------------------------------------------------------------------
 
-MONTH = batchrun.Period(dt.date(2025, 6, 1), "month")
+MONTH = "2025-06"
 KEY = "credits:2025-06:42"
 CUSTOMER = {"id": 42, "email": "c42@example.com", "plan": "pro"}
 
 
-@pytest.fixture(scope="session")
-def grants_server_session() -> Iterator[GrantsTestServer]:
-    with GrantsTestServer() as server:
-        yield server
+def granted(request: Request) -> dict[str, str]:
+    """The credits API's answer to a grant: a fresh id per call (it is not idempotent)."""
+    return {"id": f"g-{request.headers['Idempotency-Key']}-{id(request)}"}
 
 
 @pytest.fixture
-def grants_server(grants_server_session: GrantsTestServer) -> GrantsTestServer:
-    grants_server_session.reset()
-    return grants_server_session
+def api() -> Iterator[HttpDouble]:
+    """The credits API: POST /grants answers 201 with a fresh grant id."""
+    with HttpDouble() as double:
+        double.respond(201, json=granted, method="POST", path="/grants")
+        yield double
+
+
+def credits_harness(api: HttpDouble, db: str | None = None, **env: str) -> Harness:
+    environ = {"CREDITS_API_URL": api.url, "CREDITS_API_TIMEOUT_S": "2", **env}
+    return Harness(credits.MonthlyCredits, db=db, env=environ)
 
 
 @pytest.fixture
-async def make_credits(
-    grants_server: GrantsTestServer,
-) -> AsyncIterator[Callable[..., Any]]:
-    """Factory: ``make_credits(CREDITS_API_URL=...)`` -> a credits job, closed afterwards."""
-    jobs: list[Any] = []
-
-    def make(**environ: str) -> Any:
-        job = credits.MonthlyCredits(
-            {"CREDITS_API_URL": grants_server.url, "CREDITS_API_TIMEOUT_S": "2", **environ}
-        )
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        await job.aclose()
+def granting(api: HttpDouble) -> Iterator[Harness]:
+    with credits_harness(api) as h:
+        yield h
 
 
-@pytest.fixture
-async def credits_ctx(
-    sqlite_url: str, make_db: Callable[..., Any], make_credits: Callable[..., Any]
-) -> batchrun.Context:
-    db = await make_db(sqlite_url, credits.MonthlyCredits)
-    return make_ctx(make_credits(), db, MONTH).entity(42)
+def grants(h: Harness) -> list[dict[str, Any]]:
+    return h.fetch("SELECT idempotency_key, customer_id, amount, api_grant_id FROM credit_grant")
 
 
-async def grants(ctx: batchrun.Context) -> list[dict[str, Any]]:
-    return await ctx.db.fetch(
-        "SELECT idempotency_key, customer_id, amount, api_grant_id FROM credit_grant"
-    )
+def test_credits_pages_active_customers_in_id_order(db_url: str, api: HttpDouble) -> None:
+    with credits_harness(api, db=db_url) as h:
+        for cid, active in [(1, 1), (2, 0), (3, 1), (5, 1), (6, 1)]:
+            h.execute(
+                "INSERT INTO customer (id, email, plan, active) VALUES (:id, :email, 'pro', :a)",
+                id=cid,
+                email=f"c{cid}@example.com",
+                a=active,
+            )
+        assert h.page(MONTH, limit=2) == [
+            {"id": 1, "email": "c1@example.com", "plan": "pro"},
+            {"id": 3, "email": "c3@example.com", "plan": "pro"},
+        ]
+        assert [r["id"] for r in h.page(MONTH, after=3, limit=2)] == [5, 6]
+        assert h.page(MONTH, after=6, limit=2) == []
 
 
-async def test_credits_pages_active_customers_in_id_order(
-    db_url: str, make_db: Callable[..., Any], make_credits: Callable[..., Any]
-) -> None:
-    db = await make_db(db_url, credits.MonthlyCredits)
-    for cid, active in [(1, 1), (2, 0), (3, 1), (5, 1), (6, 1)]:
-        await db.execute(
-            "INSERT INTO customer (id, email, plan, active) VALUES (:id, :email, 'pro', :a)",
-            id=cid,
-            email=f"c{cid}@example.com",
-            a=active,
-        )
-    ctx = make_ctx(make_credits(), db, MONTH)
-    first = await ctx.job.page(ctx, after=0, limit=2)
-    assert first == [
-        {"id": 1, "email": "c1@example.com", "plan": "pro"},
-        {"id": 3, "email": "c3@example.com", "plan": "pro"},
-    ]
-    assert [r["id"] for r in await ctx.job.page(ctx, after=3, limit=2)] == [5, 6]
-    assert await ctx.job.page(ctx, after=6, limit=2) == []
+def test_credits_run_grants_each_customer_once(db_url: str, api: HttpDouble) -> None:
+    with credits_harness(api, db=db_url) as h:
+        rows = [(i, f"c{i}@example.com", "starter", 1) for i in range(1, 8)]
+        h.execute("INSERT INTO customer (id, email, plan, active) VALUES :rows", rows=rows)
+        summary = h.run(MONTH)
+        assert (summary.succeeded, summary.credits_granted, summary.emails_sent) == (7, 7, 0)
+        assert len(grants(h)) == 7
+        assert h.run(MONTH).eligible == 0
+        keys = Counter(r.headers["Idempotency-Key"] for r in api.requests)
+        assert keys == Counter({f"credits:2025-06:{i}": 1 for i in range(1, 8)})
 
 
-async def test_credits_grants_once_and_records_it(
-    db_url: str,
-    make_db: Callable[..., Any],
-    make_credits: Callable[..., Any],
-    grants_server: GrantsTestServer,
-) -> None:
-    db = await make_db(db_url, credits.MonthlyCredits)
-    ctx = make_ctx(make_credits(), db, MONTH).entity(42)
-    await ctx.job.process(ctx, dict(CUSTOMER))
-    assert await grants(ctx) == [
-        {"idempotency_key": KEY, "customer_id": 42, "amount": 500, "api_grant_id": "g1"}
-    ]
-    assert effects(ctx).counts == Counter({"credits_granted": 1})
-    (call,) = grants_server.calls()
-    assert call.key == KEY
-    assert call.body == {"customer_id": 42, "amount": 500, "period": "2025-06"}
+def test_credits_grants_once_and_records_it(granting: Harness, api: HttpDouble) -> None:
+    granting.process(dict(CUSTOMER), MONTH)
+    (grant,) = grants(granting)
+    assert (grant["idempotency_key"], grant["customer_id"], grant["amount"]) == (KEY, 42, 500)
+    assert grant["api_grant_id"].startswith(f"g-{KEY}-")
+    assert granting.counters == {"credits_granted": 1}
+    (call,) = api.requests
+    assert call.headers["Idempotency-Key"] == KEY
+    assert call.json == {"customer_id": 42, "amount": 500, "period": "2025-06"}
     # A rerun (the ledger missed the success) reads the row and does not call again.
-    await ctx.job.process(ctx, dict(CUSTOMER))
-    assert grants_server.calls_per_key() == Counter({KEY: 1})
-    assert effects(ctx).counts == Counter({"credits_granted": 1})
-    assert len(await grants(ctx)) == 1
+    granting.process(dict(CUSTOMER), MONTH)
+    assert len(api.requests) == 1
+    assert granting.counters == {"credits_granted": 1}
+    assert len(grants(granting)) == 1
 
 
-async def test_credits_with_a_recorded_grant_does_not_call_the_api(
-    credits_ctx: batchrun.Context, grants_server: GrantsTestServer
+def test_credits_with_a_recorded_grant_does_not_call_the_api(
+    granting: Harness, api: HttpDouble
 ) -> None:
-    await credits_ctx.db.execute(
-        credits_ctx.sql("record_grant"), key=KEY, customer_id=42, amount=500, api_grant_id="g-old"
+    assert credits.MonthlyCredits.sql is not None
+    granting.execute(
+        credits.MonthlyCredits.sql.text(granting.dialect, "record_grant"),
+        key=KEY,
+        customer_id=42,
+        amount=500,
+        api_grant_id="g-old",
     )
-    await credits_ctx.job.process(credits_ctx, dict(CUSTOMER))
-    assert grants_server.calls() == []
-    assert effects(credits_ctx).counts == Counter()
-    assert [g["api_grant_id"] for g in await grants(credits_ctx)] == ["g-old"]
+    granting.process(dict(CUSTOMER), MONTH)
+    assert api.requests == []
+    assert granting.counters == {}
+    assert [g["api_grant_id"] for g in grants(granting)] == ["g-old"]
 
 
-async def test_credits_429_retries_after_what_the_api_asks(
-    credits_ctx: batchrun.Context, grants_server: GrantsTestServer
-) -> None:
-    grants_server.answer_next(1, 429, retry_after=7)
-    grants_server.answer_next(1, 429)
+def test_credits_429_retries_after_what_the_api_asks(granting: Harness, api: HttpDouble) -> None:
+    api.respond(429, headers={"Retry-After": "7"}, times=1)
+    api.respond(429, times=1)
     with pytest.raises(batchrun.Retry, match="429") as first:
-        await credits_ctx.job.process(credits_ctx, dict(CUSTOMER))
+        granting.process(dict(CUSTOMER), MONTH)
     assert first.value.delay_s == 7.0
     with pytest.raises(batchrun.Retry, match="429") as second:
-        await credits_ctx.job.process(credits_ctx, dict(CUSTOMER))
+        granting.process(dict(CUSTOMER), MONTH)
     assert second.value.delay_s is None
-    assert await grants(credits_ctx) == []
+    assert grants(granting) == []
     # The API recovers: the retry grants once.
-    await credits_ctx.job.process(credits_ctx, dict(CUSTOMER))
-    assert grants_server.calls_per_key() == Counter({KEY: 3})
-    assert grants_server.grants_per_key() == Counter({KEY: 1})
-    assert len(await grants(credits_ctx)) == 1
+    granting.process(dict(CUSTOMER), MONTH)
+    assert len(api.requests) == 3
+    assert len(grants(granting)) == 1
+
+
+def test_a_failed_call_is_queued_and_the_retry_grants_it(
+    granting: Harness, api: HttpDouble
+) -> None:
+    granting.execute(
+        "INSERT INTO customer (id, email, plan, active) VALUES (42, 'c42@example.com', 'pro', 1)"
+    )
+    api.respond(503, times=1)
+    summary = granting.run(MONTH)
+    assert (summary.failed, summary.queued_for_retry, summary.exit_code) == (1, 1, 3)
+    entry = granting.ledger(42, MONTH)
+    assert entry is not None and entry.state == "retrying" and "503" in (entry.reason or "")
+    assert granting.retry().succeeded == 1
+    assert granting.ledger(42, MONTH) == LedgerEntry("succeeded", 2, None)
+    assert len(grants(granting)) == 1
 
 
 @pytest.mark.parametrize("status", [500, 502, 503, 408])
-async def test_credits_server_errors_retry(
-    credits_ctx: batchrun.Context, grants_server: GrantsTestServer, status: int
-) -> None:
-    grants_server.answer_next(1, status)
+def test_credits_server_errors_retry(granting: Harness, api: HttpDouble, status: int) -> None:
+    api.respond(status, times=1)
     with pytest.raises(batchrun.Retry, match=str(status)) as raised:
-        await credits_ctx.job.process(credits_ctx, dict(CUSTOMER))
+        granting.process(dict(CUSTOMER), MONTH)
     assert raised.value.delay_s is None
-    assert await grants(credits_ctx) == []
-    assert effects(credits_ctx).counts == Counter()
+    assert grants(granting) == []
+    assert granting.counters == {}
 
 
 @pytest.mark.parametrize("status", [400, 401, 404, 409, 422])
-async def test_credits_client_errors_fail(
-    credits_ctx: batchrun.Context, grants_server: GrantsTestServer, status: int
-) -> None:
-    grants_server.answer_next(1, status)
+def test_credits_client_errors_fail(granting: Harness, api: HttpDouble, status: int) -> None:
+    api.respond(status, times=1)
     with pytest.raises(batchrun.Fail, match=f"answered {status}"):
-        await credits_ctx.job.process(credits_ctx, dict(CUSTOMER))
-    assert await grants(credits_ctx) == []
+        granting.process(dict(CUSTOMER), MONTH)
+    assert grants(granting) == []
 
 
-async def test_credits_wrong_path_fails(
-    sqlite_url: str,
-    make_db: Callable[..., Any],
-    make_credits: Callable[..., Any],
-    grants_server: GrantsTestServer,
-) -> None:
-    db = await make_db(sqlite_url, credits.MonthlyCredits)
-    job = make_credits(CREDITS_API_URL=f"{grants_server.url}/v2")  # the server knows /grants
-    ctx = make_ctx(job, db, MONTH).entity(42)
-    with pytest.raises(batchrun.Fail, match="answered 404 Not Found"):
-        await ctx.job.process(ctx, dict(CUSTOMER))
-    assert grants_server.calls() == []
+def test_credits_wrong_path_fails(api: HttpDouble) -> None:
+    with credits_harness(api, CREDITS_API_URL=f"{api.url}/v2") as h:  # the API knows /grants
+        with pytest.raises(batchrun.Fail, match="answered 404 Not Found"):
+            h.process(dict(CUSTOMER), MONTH)
+        assert api.requests_to("/grants") == []
 
 
-async def test_credits_timeout_retries(
-    sqlite_url: str,
-    make_db: Callable[..., Any],
-    make_credits: Callable[..., Any],
-    grants_server: GrantsTestServer,
-) -> None:
-    db = await make_db(sqlite_url, credits.MonthlyCredits)
-    ctx = make_ctx(make_credits(CREDITS_API_TIMEOUT_S="0.2"), db, MONTH).entity(42)
-    grants_server.delay(5.0, n=1)
-    with pytest.raises(batchrun.Retry, match="ReadTimeout"):
-        await ctx.job.process(ctx, dict(CUSTOMER))
-    assert await grants(ctx) == []
+def test_credits_timeout_retries(api: HttpDouble) -> None:
+    api.respond(201, json=granted, delay_s=5.0, times=1)
+    with credits_harness(api, CREDITS_API_TIMEOUT_S="0.2") as h:
+        with pytest.raises(batchrun.Retry, match="ReadTimeout"):
+            h.process(dict(CUSTOMER), MONTH)
+        assert grants(h) == []
 
 
-async def test_credits_unreachable_api_retries(
-    sqlite_url: str, make_db: Callable[..., Any], make_credits: Callable[..., Any]
-) -> None:
+def test_credits_unreachable_api_retries(api: HttpDouble) -> None:
     with socket.socket() as sock:  # a port nothing listens on once closed
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    db = await make_db(sqlite_url, credits.MonthlyCredits)
-    ctx = make_ctx(make_credits(CREDITS_API_URL=f"http://127.0.0.1:{port}"), db, MONTH)
-    with pytest.raises(batchrun.Retry, match="ConnectError"):
-        await ctx.job.process(ctx.entity(42), dict(CUSTOMER))
+    unreachable = credits_harness(api, CREDITS_API_URL=f"http://127.0.0.1:{port}")
+    with unreachable as h, pytest.raises(batchrun.Retry, match="ConnectError"):
+        h.process(dict(CUSTOMER), MONTH)
 
 
-async def test_credits_success_without_a_grant_id_fails_rather_than_grant_twice(
-    credits_ctx: batchrun.Context, monkeypatch: pytest.MonkeyPatch
+def test_credits_success_without_a_grant_id_fails_rather_than_grant_twice(
+    granting: Harness, api: HttpDouble
 ) -> None:
-    import httpx
-
-    answers = iter(
-        [
-            httpx.Response(200, text="ok"),
-            httpx.Response(201, json={"grant": "g1"}),
-            httpx.Response(201, json={"id": None}),
-            httpx.Response(201, json=["g1"]),
-        ]
-    )
-
-    async def post(*args: Any, **kwargs: Any) -> httpx.Response:
-        return next(answers)
-
-    monkeypatch.setattr(credits_ctx.job.client(), "post", post)
+    api.respond(200, body="ok", times=1)
+    api.respond(201, json={"grant": "g1"}, times=1)
+    api.respond(201, json={"id": None}, times=1)
+    api.respond(201, json=["g1"], times=1)
     for _ in range(4):
         with pytest.raises(batchrun.Fail, match="without a grant id"):
-            await credits_ctx.job.process(credits_ctx, dict(CUSTOMER))
-    assert await grants(credits_ctx) == []
+            granting.process(dict(CUSTOMER), MONTH)
+    assert grants(granting) == []
 
 
-async def test_credits_unknown_plan_is_skipped_without_a_call(
-    credits_ctx: batchrun.Context, grants_server: GrantsTestServer
-) -> None:
+def test_credits_unknown_plan_is_skipped_without_a_call(granting: Harness, api: HttpDouble) -> None:
     with pytest.raises(batchrun.Skip, match="plan 'legacy'"):
-        await credits_ctx.job.process(credits_ctx, {**CUSTOMER, "plan": "legacy"})
-    assert grants_server.calls() == []
+        granting.process({**CUSTOMER, "plan": "legacy"}, MONTH)
+    assert api.requests == []
 
 
-async def test_credits_retried_until_done_grant_each_customer_once(
-    sqlite_url: str,
-    make_db: Callable[..., Any],
-    make_credits: Callable[..., Any],
-    grants_server: GrantsTestServer,
+def test_credits_retried_until_done_grant_each_customer_once(
+    granting: Harness, api: HttpDouble
 ) -> None:
-    db = await make_db(sqlite_url, credits.MonthlyCredits)
-    run = make_ctx(make_credits(), db, MONTH)
-    customers = [{"id": i, "email": f"c{i}@example.com", "plan": "starter"} for i in range(1, 21)]
-    grants_server.answer_fraction(0.4, 503, seed=3)
-    pending, rounds = customers, 0
-    while pending and rounds < 20:
+    rows = [(i, f"c{i}@example.com", "starter", 1) for i in range(1, 21)]
+    granting.execute("INSERT INTO customer (id, email, plan, active) VALUES :rows", rows=rows)
+    api.respond(503, times=8)  # the first eight calls fail: those customers wait for a retry
+    first = granting.run(MONTH)
+    assert (first.succeeded, first.queued_for_retry) == (12, 8)
+    rounds = 0
+    while granting.status(MONTH)["retrying"] and rounds < 5:
         rounds += 1
-        outcomes = await asyncio.gather(
-            *(run.job.process(run.entity(c["id"]), c) for c in pending), return_exceptions=True
-        )
-        assert all(o is None or isinstance(o, batchrun.Retry) for o in outcomes), outcomes
-        pending = [c for c, o in zip(pending, outcomes, strict=True) if o is not None]
-    assert pending == [] and rounds > 1
-    assert set(grants_server.grants_per_key().values()) == {1}
-    assert len(grants_server.grants_per_key()) == 20
-    assert effects(run).counts == Counter({"credits_granted": 20})
-    assert len(await grants(run)) == 20
+        granting.retry()
+    assert rounds == 1
+    assert granting.status(MONTH)["succeeded"] == 20
+    successes = Counter(r.headers["Idempotency-Key"] for r in api.requests[8:])
+    assert successes == Counter({f"credits:2025-06:{i}": 1 for i in range(1, 21)})
+    assert len(grants(granting)) == 20
 
 
-async def test_credits_client_is_made_once_per_event_loop(
-    make_credits: Callable[..., Any], grants_server: GrantsTestServer
-) -> None:
-    job = make_credits()
-    mine = job.client()
-    assert job.client() is mine
-    assert str(mine.base_url).rstrip("/") == grants_server.url
+async def test_credits_client_is_made_once_per_event_loop(api: HttpDouble) -> None:
+    job = credits.MonthlyCredits({"CREDITS_API_URL": api.url})
+    try:
+        mine = job.client()
+        assert job.client() is mine
+        assert str(mine.base_url).rstrip("/") == api.url
 
-    async def in_another_loop() -> Any:
-        return job.client()
+        async def in_another_loop() -> Any:
+            return job.client()
 
-    # A warm Lambda runs each invocation in a new loop: a client bound to the old one
-    # would fail there, so the new loop gets its own.
-    other = await asyncio.to_thread(asyncio.run, in_another_loop())
-    assert other is not mine
+        # A warm Lambda runs each invocation in a new loop: a client bound to the old one
+        # would fail there, so the new loop gets its own.
+        other = await asyncio.to_thread(asyncio.run, in_another_loop())
+        assert other is not mine
+    finally:
+        await job.aclose()
 
 
 @pytest.mark.parametrize(

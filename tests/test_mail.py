@@ -142,6 +142,39 @@ def test_message_has_id_date_and_both_utf8_parts() -> None:
     assert parts["text/html"].get_content().rstrip("\r\n") == message.html
 
 
+def _encodings(raw: bytes) -> list[str]:
+    return re.findall(r"Content-Transfer-Encoding: ([\w-]+)", raw.decode("ascii"))
+
+
+@pytest.mark.parametrize(
+    ("text", "html", "expected"),
+    [
+        ("Plain ASCII.\n\nSecond paragraph.\n", "<p>Plain</p>", ["7bit", "7bit"]),
+        ("Zoë ✓\n", "<p>plain</p>", ["quoted-printable", "7bit"]),
+        ("a" * 999, "<p>" + "b" * 2000 + "</p>", ["quoted-printable", "quoted-printable"]),
+        ("old\r\nmac\rends\n", "", ["7bit"]),  # text only: one part
+    ],
+)
+def test_text_parts_are_7bit_or_quoted_printable_never_base64(
+    text: str, html: str, expected: list[str]
+) -> None:
+    message = make_message(text=text, html=html)
+    raw, parsed = parse(message)
+    assert _encodings(raw) == expected
+    assert all(len(line) <= 998 for line in raw.split(b"\r\n"))
+    assert b"\n" not in raw.replace(b"\r\n", b"")  # no bare LF (nor CR) on the wire
+    plain = parsed.get_body(("plain",))
+    assert plain is not None
+    # CRLF on the wire (the canonical form of text), the text's own lines read back.
+    lines = text.replace("\r\n", "\n").replace("\r", "\n")
+    assert plain.get_content().replace("\r\n", "\n") == lines
+    if html:
+        part = parsed.get_body(("html",))
+        assert part is not None and part.get_content().replace("\r\n", "\n") == html
+    if expected[0] == "7bit":  # readable as it is on the wire
+        assert text.splitlines()[0].encode() in raw
+
+
 def test_envelope_sender_is_the_bare_address() -> None:
     assert make_message().envelope_sender == "birthday@example.com"
     assert make_message(sender="b@example.com").envelope_sender == "b@example.com"

@@ -32,7 +32,9 @@ async def test_migrate_twice_applies_nothing_new(store: Store) -> None:
     await store.check_migrated([Birthday()])
 
 
-async def birthday_rt(store: Store, db_url: str) -> tuple[Runtime, Context]:
+async def birthday_rt(
+    store: Store, db_url: str, summary: Summary | None = None
+) -> tuple[Runtime, Context]:
     rt = Runtime(Birthday(), store, None, None, Settings(db_url=db_url))
     ctx = Context(
         rt.job,
@@ -41,11 +43,12 @@ async def birthday_rt(store: Store, db_url: str) -> tuple[Runtime, Context]:
         Sender(
             None,
             rt.settings,
-            summary=Summary("birthday", "2025-06", False),
+            summary=summary or Summary("birthday", "2025-06", False),
             lease=None,
             stop=rt.stop,
             limiter=None,
             templates=None,
+            sender=rt.settings.sender_for(rt.job),
         ),
     )
     return rt, ctx
@@ -157,11 +160,12 @@ async def test_gift_code_collision_is_retried_with_a_fresh_code(
     pool = [taken, *[codes.new_code() for _ in range(10)]]
     fresh = iter(pool)
     monkeypatch.setattr(codes, "new_codes", lambda n: [next(fresh) for _ in range(n)])
-    rt, ctx = await birthday_rt(store, db_url)
+    summary = Summary("birthday", "2025-06", False)
+    rt, ctx = await birthday_rt(store, db_url, summary)
     rows = await rt.job.page(ctx, 0, 1)
     await rt.job.prepare(ctx, rows)
     assert rows[0]["code"] == pool[1]  # the taken code, then one fresh draw
-    assert ctx._effects.summary.counters == {"cards_created": 1}  # type: ignore[attr-defined]
+    assert summary.counters == {"cards_created": 1}
 
 
 async def test_status_counts_follow_the_ledger(store: Store, db_url: str) -> None:

@@ -33,6 +33,7 @@ OPTIONAL: dict[str, Any] = {
     "redeem_url": f"https://shop.example.com/redeem?code={CODE}&src=email",
     "postal_address": "Example Shop Ltd\n1 Main Street, Springfield",
     "unsubscribe_url": "https://shop.example.com/unsubscribe/tok123",
+    "send_year": 2026,  # batchrun sets it: the year the email goes out, not the card's
 }
 ALL = {**REQUIRED, **OPTIONAL}
 NONE_SET = {**REQUIRED, **dict.fromkeys(OPTIONAL)}
@@ -125,9 +126,28 @@ def test_every_optional_variable_set(birthday: Templates) -> None:
     links = {attrs["href"]: attrs for name, attrs in document.tags if name == "a"}
     assert set(links) == {OPTIONAL["redeem_url"], OPTIONAL["unsubscribe_url"]}
     assert "Example Shop Ltd<br>1 Main Street, Springfield" in rendered.html
-    assert "© 2025 Example Shop" in document.visible
+    assert "© 2026 Example Shop" in document.visible  # the send year, not the period's
     assert document.visible[0] == "Happy birthday, Ada!"
     assert CODE in document.visible
+
+
+def test_the_text_footer_keeps_a_blank_line_before_the_unsubscribe_line(
+    birthday: Templates,
+) -> None:
+    lines = birthday.render("birthday", ALL).text.splitlines()
+    address = lines.index("1 Main Street, Springfield")
+    assert lines[address + 1] == ""
+    assert lines[address + 2].startswith("You get this email once a year, in the month of")
+    alone = birthday.render("birthday", {**ALL, "postal_address": None}).text.splitlines()
+    assert alone[alone.index("--") + 1].startswith("You get this email once a year")
+
+
+def test_the_copy_fits_a_monthly_run(birthday: Templates) -> None:
+    rendered = birthday.render("birthday", ALL)
+    assert rendered.html is not None
+    for part in (rendered.text, rendered.html):
+        assert "on your birthday" not in part and "wonderful day" not in part
+        assert "Your birthday is this month" in part
 
 
 @pytest.mark.parametrize("variables", [REQUIRED, NONE_SET], ids=["absent", "none"])
@@ -145,7 +165,7 @@ def test_every_optional_variable_unset(birthday: Templates, variables: dict[str,
         assert "©" not in part and "&copy;" not in part
     document = parse(rendered.html)
     assert not [attrs for name, attrs in document.tags if name == "a"]
-    assert rendered.text.rstrip().endswith("Enjoy your day.")
+    assert rendered.text.rstrip().endswith("Enjoy your birthday.")
 
 
 @pytest.mark.parametrize("first_name", [None, ""])
@@ -195,12 +215,12 @@ def test_text_and_html_say_the_same(birthday: Templates) -> None:
     document = parse(rendered.html)
     for sentence in (
         "Happy birthday, Ada!",
-        "Everyone at Example Shop wishes you a wonderful day.",
+        "Your birthday is this month, and everyone at Example Shop wishes you a wonderful one.",
         "To celebrate, here is a gift card for you.",
         "Your gift card code:",
         "Redeem it here",
-        "Enjoy your day.",
-        "You get this email once a year, on your birthday.",
+        "Enjoy your birthday.",
+        "You get this email once a year, in the month of your birthday.",
     ):
         assert sentence in rendered.text
         assert sentence in " ".join(document.visible)
@@ -215,7 +235,7 @@ def test_hostile_name_is_escaped_in_html_only(birthday: Templates) -> None:
     assert "A &amp; B" in rendered.html
     assert "script" not in parse(rendered.html).names()
     assert rendered.text.startswith(f"Happy birthday, {hostile}!")
-    assert "Everyone at A & B wishes" in rendered.text
+    assert "everyone at A & B wishes" in rendered.text
     assert rendered.subject == SUBJECT
 
 

@@ -525,8 +525,9 @@ def test_settings_defaults_from_empty_mapping() -> None:
         DEFAULT_DB,
         DEFAULT_MAIL,
         None,
-        DEFAULT_FROM,
+        None,  # no --from: each job's own (the birthday job's is DEFAULT_FROM)
     )
+    assert s.sender_for(Birthday()) == DEFAULT_FROM
     assert s.lease_s <= 15.0  # the contract: a dead run's claims expire within 15 s
     assert s.max_receives == 5
     assert s.deadline_margin_ms is None

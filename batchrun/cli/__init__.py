@@ -6,6 +6,7 @@ queue.py   retry, worker
 status.py  status
 suppress.py  suppress add / remove / list, unsubscribe
 db.py      db migrate, db seed, db explain
+new.py     new (a job, its templates and its test)
 output.py  the progress bar and the run summary
 conventions.py  what every command shares: metavars, Examples:, plain tables when piped
 """
@@ -16,7 +17,7 @@ import sys
 
 import typer
 
-from batchrun.cli import conventions, db, events, jobs, queue, status, suppress
+from batchrun.cli import conventions, db, events, jobs, new, queue, status, suppress
 from batchrun.cli.app import app
 
 try:  # typer 0.2x vendors click; older releases use click itself
@@ -24,7 +25,7 @@ try:  # typer 0.2x vendors click; older releases use click itself
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-__all__ = ["app", "db", "events", "jobs", "main", "queue", "status", "suppress"]
+__all__ = ["app", "db", "events", "jobs", "main", "new", "queue", "status", "suppress"]
 
 conventions.apply(app)  # every command is registered by now: metavars, defaults, reflow
 

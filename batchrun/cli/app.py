@@ -25,7 +25,7 @@ from batchrun.cli.conventions import stderr
 from batchrun.engine import StopToken
 from batchrun.errors import BatchrunError, ConfigError
 from batchrun.period import Period, Unit, current, parse
-from batchrun.registry import Registry, discover, parse_specs
+from batchrun.registry import Registry, builtin_modules, discover, parse_specs
 from batchrun.runtime import Runtime
 from batchrun.settings import Settings, parse_rate
 from batchrun.urls import mask_text
@@ -55,7 +55,10 @@ class Context:
     def registry(self) -> Registry:
         """The jobs: built-in, ``--jobs`` and the ``batchrun.jobs`` entry points (loaded once)."""
         if self._registry is None:
-            self._registry = discover(parse_specs(self.settings.jobs))
+            self._registry = discover(
+                parse_specs(self.settings.jobs),
+                builtins=builtin_modules(self.settings.builtin_jobs),
+            )
         return self._registry
 
     def runtime(self, backends: Backends, stop: StopToken | None = None) -> Runtime:
@@ -114,8 +117,8 @@ def main_options(
         typer.Option(
             "--from",
             envvar="BATCHRUN_FROM",
-            show_default="birthday@localhost",
-            help="Sender address.",
+            show_default="each job's own (Job.sender), else JOB@localhost",
+            help="Sender address of every job's emails; its domain ends every Message-ID.",
         ),
     ] = None,
     jobs: Annotated[

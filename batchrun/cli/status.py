@@ -9,8 +9,11 @@ import typer
 
 from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, period_option, run_command
-from batchrun.cli.conventions import examples, print_table, stdout
+from batchrun.cli.conventions import examples, print_table, stderr, stdout
 from batchrun.cli.output import STATE_NAMES, table
+from batchrun.db.store import Store
+from batchrun.period import parse as parse_period
+from batchrun.registry import JobEntry
 
 SHOWN = 50
 
@@ -25,7 +28,13 @@ SHOWN = 50
 )
 def status(
     ctx: typer.Context,
-    job: Annotated[str, typer.Argument(help="The job's name.")] = "birthday",
+    job: Annotated[
+        str | None,
+        typer.Argument(
+            help="The job's name; default: every job whose tables are in the database "
+            "(the others are skipped with a note)."
+        ),
+    ] = None,
     period: Annotated[
         str | None, typer.Option("--period", help="The job's period; default: now (UTC).")
     ] = None,
@@ -42,61 +51,133 @@ def status(
         bool, typer.Option("--json", metavar="", help="Print one JSON object.")
     ] = False,
 ) -> None:
-    """Done, pending, skipped and failed entities of JOB's period, queue and dead-letter depths."""
+    """Done, pending, skipped and failed entities of JOB's period, queue and dead-letter depths.
+
+    Without JOB: each job whose tables are in the database, in turn (--json: the one job's
+    object, or {"jobs": {name: object}} for several).
+    """
     context: Context = ctx.obj
     settings = context.settings
 
     async def go() -> int:
-        entry = context.registry.entry(job)
-        unit = entry.job.period
-        which = period_option(unit, period or month, "--period" if period else "--month")
-        async with open_backends(settings, queue=True, jobs=[entry.job]) as backends:
+        if job is not None:
+            entries = [context.registry.entry(job)]
+        else:
+            entries = _of_period(list(context.registry.values()), period or month)
+        # Each period is read before anything opens: a bad one is a usage error (exit 2).
+        periods = {
+            e.job.name: period_option(
+                e.job.period, period or month, "--period" if period else "--month"
+            )
+            for e in entries
+        }
+        async with open_backends(settings, queue=True, jobs=[e.job for e in entries]) as backends:
             assert backends.queue is not None
+            if job is None:
+                entries = await _with_tables(backends.store, entries)
             limit = 10**9 if show_all else SHOWN
-            counts = await context.runtime(backends).status(job, which, problems=limit)
-            depth, dead = await backends.queue.depths()
-        problems: list[tuple[int, int, int, str | None]] = counts.pop("problems")[:limit]
-        not_done = sum(int(counts.get(k) or 0) for k in ("skipped", "retrying", "failed_permanent"))
-        more = max(0, not_done - len(problems))  # every one the ledger lists, not one past it
-        data: dict[str, Any] = {"job": job, "period": str(which)}
-        if unit == "month":
-            data["month"] = str(which)
-        if job == "birthday":
-            data["cards"] = counts.pop("cards", 0)
-            data["emails_sent"] = counts.pop("succeeded")
-        data.update(counts)
-        data.update(
-            retry_queue_depth=depth,
-            dead_letter_depth=dead,
-            problems=[
-                {
-                    "id": uid,
-                    "user_id": uid,
-                    "state": STATE_NAMES.get(state, str(state)),
-                    "attempts": attempts,
-                    "reason": reason,
-                }
-                for uid, state, attempts, reason in problems
-            ],
-            problems_not_listed=more,
-        )
+            reports = []
+            for entry in entries:
+                name = entry.job.name
+                which = periods[name]
+                counts = await context.runtime(backends).status(name, which, problems=limit)
+                depth, dead = await backends.queue.depths()
+                reports.append(
+                    _report(name, entry.job.period, str(which), counts, depth, dead, limit)
+                )
         if as_json:
-            print(json.dumps(data))
+            if len(reports) == 1:
+                print(json.dumps(reports[0]))
+            else:
+                print(json.dumps({"jobs": {r["job"]: r for r in reports}}))
             return 0
-        table(
-            f"status {job} {which}", {k: v for k, v in data.items() if not k.startswith("problems")}
-        )
-        if problems:
-            print_table(
-                ("id", "state", "attempts", "reason"),
-                [(p["id"], p["state"], p["attempts"], p["reason"]) for p in data["problems"]],
-                title="entities not done",
-            )
-        if more:
-            stdout.print(
-                f"… and {more} more (`batchrun status {job} --period {which} --all` lists them)",
-                highlight=False,
-            )
+        for data in reports:
+            _print(data)
         return 0
 
     run_command(ctx, go)
+
+
+def _of_period(entries: list[JobEntry], text: str | None) -> list[JobEntry]:
+    """The entries whose period ``text`` names (all when it is None); the first entry
+    when none does, so that its period says what is wrong with ``text``."""
+    if text is None:
+        return entries
+    fitting = []
+    for entry in entries:
+        try:
+            parse_period(entry.job.period, text)
+        except ValueError:
+            continue
+        fitting.append(entry)
+    return fitting or entries[:1]
+
+
+async def _with_tables(store: Store, entries: list[JobEntry]) -> list[JobEntry]:
+    """The entries whose job's tables are in the database; a note for each of the others."""
+    usable = []
+    for entry in entries:
+        missing = await store.missing_requirements(entry.job)
+        if missing is None:
+            usable.append(entry)
+        else:
+            stderr.print(f"note: not shown: {missing}", highlight=False, soft_wrap=True)
+    if not usable:
+        stderr.print("note: no job has its tables in this database", highlight=False)
+    return usable
+
+
+def _report(
+    job: str,
+    unit: str,
+    period: str,
+    counts: dict[str, Any],
+    depth: int,
+    dead: int | None,
+    limit: int,
+) -> dict[str, Any]:
+    """The JSON object of one job's status."""
+    problems: list[tuple[int, int, int, str | None]] = counts.pop("problems")[:limit]
+    not_done = sum(int(counts.get(k) or 0) for k in ("skipped", "retrying", "failed_permanent"))
+    more = max(0, not_done - len(problems))  # every one the ledger lists, not one past it
+    data: dict[str, Any] = {"job": job, "period": period}
+    if unit == "month":
+        data["month"] = period
+    if job == "birthday":
+        data["cards"] = counts.pop("cards", 0)
+        data["emails_sent"] = counts.pop("succeeded")
+    data.update(counts)
+    data.update(
+        retry_queue_depth=depth,
+        dead_letter_depth=dead,
+        problems=[
+            {
+                "id": uid,
+                "user_id": uid,
+                "state": STATE_NAMES.get(state, str(state)),
+                "attempts": attempts,
+                "reason": reason,
+            }
+            for uid, state, attempts, reason in problems
+        ],
+        problems_not_listed=more,
+    )
+    return data
+
+
+def _print(data: dict[str, Any]) -> None:
+    """One job's status as tables, for a person."""
+    title = f"status {data['job']} {data['period']}"
+    table(title, {k: v for k, v in data.items() if not k.startswith("problems")})
+    if data["problems"]:
+        print_table(
+            ("id", "state", "attempts", "reason"),
+            [(p["id"], p["state"], p["attempts"], p["reason"]) for p in data["problems"]],
+            title="entities not done",
+        )
+    if more := data["problems_not_listed"]:
+        stdout.print(
+            f"… and {more} more (`batchrun status {data['job']} --period {data['period']} "
+            "--all` lists them)",
+            highlight=False,
+        )

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+NOTED_MISSING = "noted_missing_tables"  # batchrun_schema's record of a migrate note given
+
 
 class Schema:
     """Migration steps, plans and requirements over a Database (``Store`` extends it)."""
@@ -68,14 +70,26 @@ class Schema:
         for job in jobs:
             if job.name not in skipped and (missing := await self._missing_columns(job)):
                 raise NotMigratedError(_needs(job, missing))  # before any step: nothing half made
-        if notes is not None:
-            notes.extend(skipped.values())
         for name, step in self._steps(j for j in jobs if j.name not in skipped):
             if not await self._step_done(name, step):
                 await self._run_step(name, step, allow_locking=allow_locking)
                 applied.append(name)
                 await self.db.execute("schema_record", step=name, now=now_ms())
+        if notes is not None:
+            await self._note_once(skipped, notes)
         return applied
+
+    async def _note_once(self, skipped: dict[str, str], notes: list[str]) -> None:
+        """Each job's missing-tables line, the first time migrate finds them missing; it is
+        recorded in batchrun_schema, so later migrates only log it (``-v``). ``status`` and
+        ``run`` still say it whenever they meet the job."""
+        for job, line in skipped.items():
+            marker = f"{job}.{NOTED_MISSING}"
+            if await self.db.fetchone("schema_has_step", step=marker):
+                log.info("%s", line)
+                continue
+            notes.append(line)
+            await self.db.execute("schema_record", step=marker, now=now_ms())
 
     async def _run_step(self, name: str, step: Statement, *, allow_locking: bool) -> None:
         try:

@@ -152,6 +152,13 @@ class Store(Schema):
             int(r[0]): Claim(int(r[0]), int(r[1]), r[2], r[3], int(r[4]), bool(r[5])) for r in rows
         }
 
+    async def ledger_entry(
+        self, scope: Scope, entity_id: int
+    ) -> tuple[State, int, str | None] | None:
+        """The entity's (state, attempts, last error) in the ledger, None without a row."""
+        row = await self.db.fetchone("ledger_entry", job=scope.job, once=scope.once, id=entity_id)
+        return None if row is None else (State(int(row[0])), int(row[1]), row[2])
+
     async def finish(
         self,
         scope: Scope,

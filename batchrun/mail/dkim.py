@@ -134,8 +134,10 @@ class DkimSigner:
         return signature
 
 
-def signer_for(settings: Settings) -> DkimSigner | None:
+def signer_for(settings: Settings, sender: str | None = None) -> DkimSigner | None:
     """The signer the settings ask for, for the mail backend they name (None: no signing).
+
+    Its domain is ``--from``'s, else ``sender``'s (the job's own From).
 
     Raises:
         ConfigError: the key file cannot be read or holds no usable RSA private key, or
@@ -149,10 +151,13 @@ def signer_for(settings: Settings) -> DkimSigner | None:
         if scheme == "ses":
             log.info("SES signs with Easy DKIM: BATCHRUN_DKIM_KEY_FILE is not used")
         return None
-    address = parseaddr(settings.sender)[1] or settings.sender
+    sender = settings.sender or sender
+    if sender is None:
+        raise ConfigError("DKIM needs --from (BATCHRUN_FROM): its domain is the signing domain")
+    address = parseaddr(sender)[1] or sender
     domain = idna_domain(address.rpartition("@")[2].lower())
     if not domain:
-        raise ConfigError(f"DKIM needs a domain in --from, got {settings.sender!r}")
+        raise ConfigError(f"DKIM needs a domain in --from, got {sender!r}")
     try:
         with Path(path).open("rb") as file:
             key = file.read(MAX_KEY_FILE_BYTES + 1)

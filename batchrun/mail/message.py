@@ -17,6 +17,7 @@ from email.message import EmailMessage
 from email.utils import format_datetime, formataddr, parseaddr
 
 from batchrun.mail.address import idna_domain, wire_address
+from batchrun.mail.mime import body_part, text_body
 
 MAX_NAME_CHARS = 200
 MAX_ADDRESS_CHARS = 254
@@ -72,6 +73,18 @@ def valid_address(addr: str) -> bool:
         return True
     labels = domain.split(".")
     return len(labels) >= 2 and all(labels)
+
+
+def sender_problem(sender: str) -> str | None:
+    """What makes ``sender`` (``Name <addr>`` or ``addr``) unusable as a From, if anything."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in sender):
+        return "contains a control character"
+    address = parseaddr(sender)[1] or sender
+    if not valid_address(address):
+        return "is not a usable sender address"
+    if not address.isascii():
+        return "is not ASCII (the sender address must be)"
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +145,9 @@ class Message:
         else:
             raise ValueError(f"the local part of {self.to_addr!r} is not ASCII: it needs SMTPUTF8")
         extra = "".join([_extra_header(n, v) for n, v in self.headers]) if self.headers else ""
-        # No part can contain the boundary: base64 has no '_'. Random only by convention,
-        # so the cheap generator does (a urandom call per message showed in profiles).
+        # No quoted-printable part can contain the boundary ('=' is escaped there); a 7bit
+        # one only by a 96-bit accident. Random only by convention, so the cheap generator
+        # does (a urandom call per message showed in profiles).
         boundary = f"=_batchrun_{random.getrandbits(96):024x}"
         headers = (
             f"From: {_from_header(self.sender)}"
@@ -152,18 +166,18 @@ class Message:
         # ASCII but for a UTF-8 To header, which only utf8=True lets through.
         charset = "utf-8" if utf8 else "ascii"
         if not self.html:  # a text-only message: one part, no multipart wrapper
-            body = base64.encodebytes(self.text.encode("utf-8")).replace(b"\n", b"\r\n")
+            encoding, body = text_body(self.text)
             return (
                 headers + '\r\nContent-Type: text/plain; charset="utf-8"'
-                "\r\nContent-Transfer-Encoding: base64\r\n\r\n"
+                f"\r\nContent-Transfer-Encoding: {encoding}\r\n\r\n"
             ).encode(charset) + body
         # Folded: on one line it is 83 characters, over RFC 5322's 78.
         headers += f'\r\nContent-Type: multipart/alternative;\r\n boundary="{boundary}"\r\n\r\n'
         return b"".join(
             (
                 headers.encode(charset),
-                _part(boundary, "plain", self.text),
-                _part(boundary, "html", self.html),
+                body_part(boundary, "plain", self.text),
+                body_part(boundary, "html", self.html),
                 f"--{boundary}--\r\n".encode("ascii"),
             )
         )
@@ -356,17 +370,6 @@ def _header_text(value: str, prefix: int) -> str:
     if value.isascii() and "=?" not in value:
         return value
     return _encoded_word(value, _MAX_LINE - prefix)
-
-
-def _part(boundary: str, subtype: str, body: str) -> bytes:
-    # base64 lines are plain ASCII of fixed width: no line-length limits, no escaping
-    # rules, and a boundary (which contains '_') can never appear inside them.
-    encoded = base64.encodebytes(body.encode("utf-8")).replace(b"\n", b"\r\n")
-    head = (
-        f'--{boundary}\r\nContent-Type: text/{subtype}; charset="utf-8"\r\n'
-        "Content-Transfer-Encoding: base64\r\n\r\n"
-    )
-    return head.encode("ascii") + encoded
 
 
 _date_cache: tuple[int, str] = (0, "")

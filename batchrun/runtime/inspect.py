@@ -101,6 +101,7 @@ async def preview(rt: Runtime, which: Job, period: Period, entity_id: int) -> Me
         limiter=None,
         templates=rt.templates(which),
         store=rt.store,
+        sender=rt.settings.sender_for(which),
     )
     ctx = Context(which, period, rt.store.jobdb, sender, dry_run=True, env=rt.settings.environ)
     row = await recheck(which, ctx, entity_id)

@@ -53,10 +53,10 @@ async def recheck(job: Job, ctx: Context, entity_id: int) -> dict[str, Any] | No
 
 
 async def prepare(job: Job, ctx: Context, rows: list[dict[str, Any]]) -> None:
-    """``job.prepare``, once the page's addresses (its ``email`` column, when it has one)
-    are looked up on the suppression list: one query a page, whose answers ``prepare``'s
-    own ``ctx.suppressed`` and every ``send_email`` of the page reuse."""
-    addresses = [a for r in rows if isinstance(a := r.get("email"), str)]
+    """``job.prepare``, once the page's addresses (its ``Job.address`` column, when it has
+    one) are looked up on the suppression list: one query a page, whose answers
+    ``prepare``'s own ``ctx.suppressed`` and every ``send_email`` of the page reuse."""
+    addresses = [a for r in rows if isinstance(a := r.get(job.address), str)]
     if addresses:
         await ctx.suppressed(addresses)
     await job.prepare(ctx, rows)

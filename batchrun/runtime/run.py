@@ -262,8 +262,8 @@ async def _dry_run(
     """Count what a run would do: ``page``, ledger and suppression-list reads only,
     nothing written.
 
-    A row's ``email`` (when the page has one) is checked as ``send_email`` would: an
-    invalid or suppressed address is counted skipped.
+    A row's recipient (its ``Job.address`` column, when the page has one) is checked as
+    ``send_email`` would: an invalid or suppressed address is counted skipped.
     """
     ctx, _ = rt.context(job, period, dry_run=True)
     scope = scope_of(ctx)
@@ -287,7 +287,7 @@ async def _dry_run(
                 in_range, await rt.store.claims_of(scope, [r["id"] for r in in_range])
             )
         summary.eligible += len(in_range)
-        addresses = [r["email"] for r in in_range if "email" in r]
+        addresses = [r[job.address] for r in in_range if job.address in r]
         valid = [a for a in addresses if isinstance(a, str) and valid_address(a)]
         suppressed = await ctx.suppressed(valid) if valid else {}
         summary.skipped += len(addresses) - len(valid) + sum(1 for a in valid if a in suppressed)

@@ -113,6 +113,7 @@ class Runtime:
             limiter=limiter,
             templates=None if dry_run else self.templates(job),
             store=self.store,
+            sender=self.settings.sender_for(job),
         )
         if not dry_run:
             self.warn_without_unsubscribe()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from email.utils import parseaddr
@@ -138,6 +139,7 @@ class Sender:
         limiter: AdaptiveRate | None,
         templates: Templates | None,
         store: Store | None = None,
+        sender: str | None = None,
     ) -> None:
         self.mailer = mailer
         self.settings = settings
@@ -149,7 +151,12 @@ class Sender:
         self.templates = templates
         self.throttles = 0
         self.emails_sent = 0
-        name, address = parseaddr(settings.sender)
+        # The job's From (Settings.sender_for); a bare Sender (the bench's) takes --from.
+        from_addr = sender or settings.sender
+        if from_addr is None:
+            raise ValueError("a Sender needs a From: sender= or Settings.sender")
+        self.from_addr = from_addr
+        name, address = parseaddr(from_addr)
         self.domain = address.rpartition("@")[2] or "localhost"
         self.defaults: dict[str, Any] = {"brand": name or None}
         self.signer = unsubscribe.Signer.from_settings(settings)
@@ -191,14 +198,16 @@ class Sender:
         if template is not None:
             if self.templates is None:
                 raise LookupError(f"job {ctx.job.name!r} has no templates")
-            rendered = self.templates.render(template, {**self.defaults, **variables})
+            # send_year: the footer's copyright year is the year the email goes out.
+            variables = {**self.defaults, "send_year": time.gmtime().tm_year, **variables}
+            rendered = self.templates.render(template, variables)
             subject = subject if subject is not None else rendered.subject
             text = text if text is not None else rendered.text
             html = html if html is not None else rendered.html
         if subject is None or text is None:
             raise TypeError("send_email needs subject and text, or a template")
         return Message(
-            sender=self.settings.sender,
+            sender=self.from_addr,
             to_addr=to,
             to_name=to_name or "",
             subject=subject,

@@ -26,6 +26,7 @@ class Birthday(batchrun.Job):
     description = "A gift card for the year and a birthday email for users born in the month"
     sql = SqlFolder.beside(__file__)
     counters = ("cards_created",)
+    sender = "birthday@localhost"  # --from (BATCHRUN_FROM) sets a deployment's own
     requires = {
         "user": ("id", "first_name", "last_name", "email", "date_of_birth", "status"),
         "gift_card": ("recipient_email", "message", "status", "scheduled_at", "gift_code"),

@@ -58,3 +58,8 @@ SELECT entity_id, state, attempts, last_error FROM batchrun_ledger
 WHERE job = :job AND period = :period AND state IN (2, 3, 4)
 ORDER BY entity_id
 LIMIT :limit;
+
+-- name: ledger_entry
+-- One entity's row for a (job, once_per period): how it stands (batchrun.testing reads it).
+SELECT state, attempts, last_error FROM batchrun_ledger
+WHERE job = :job AND once_key = :once AND entity_id = :id;
