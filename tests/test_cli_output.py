@@ -15,6 +15,7 @@ from test_cli import _restore_root_logger, env, invoke, migrate_and_seed, text
 
 from batchrun.cli import app
 from batchrun.cli.conventions import commands_without_examples, plain_lines
+from batchrun.unsubscribe import Signer
 
 __all__ = ["_restore_root_logger", "env"]
 
@@ -227,3 +228,38 @@ def test_db_explain_any_job_ok_then_slow(db_url: str) -> None:
     slow = invoke(*args, env=env)
     assert slow.exit_code == 0, text(slow)
     assert slow.stdout.startswith("slow: renewal's page query "), slow.stdout
+
+
+def test_json_on_preview_suppress_and_unsubscribe(env: dict[str, str]) -> None:
+    migrate_and_seed(env, users=100, seed=1)
+    shown = invoke("preview", "birthday", "--period", "2025-06", "--id", "39", "--json", env=env)
+    assert shown.exit_code == 0, text(shown)
+    mail = json.loads(shown.stdout)
+    assert (mail["job"], mail["period"], mail["id"]) == ("birthday", "2025-06", 39)
+    assert mail["message_id"] == "<birthday.2025.39@example.com>" and mail["html"], mail
+    assert mail["text"] and mail["headers"]["Subject"] == mail["subject"]
+    missing = invoke("preview", "birthday", "--period", "2025-06", "--id", "40", env=env)
+    assert missing.exit_code == 2 and "ids it returns: 39, " in text(missing), text(missing)
+
+    added = json.loads(invoke("suppress", "add", "Ann@Example.COM", "--json", env=env).stdout)
+    assert (added["address"], added["reason"], added["added"]) == (
+        "Ann@example.com",
+        "manual",
+        True,
+    )
+    again = json.loads(invoke("suppress", "add", "Ann@EXAMPLE.com", "--json", env=env).stdout)
+    assert again["added"] is False
+    gone = json.loads(invoke("suppress", "remove", "Ann@example.com", "--json", env=env).stdout)
+    assert gone == {"address": "Ann@example.com", "removed": True}
+
+    secret = "a-secret-of-at-least-16-chars"
+    base = "https://example.com/unsubscribe"
+    signed = {**env, "BATCHRUN_UNSUBSCRIBE_URL": base, "BATCHRUN_UNSUBSCRIBE_SECRET": secret}
+    url = Signer(secret, base).url("birthday", "bob@example.com")
+    done = invoke("unsubscribe", url, "--json", env=signed)
+    assert done.exit_code == 0, text(done)
+    assert json.loads(done.stdout) == {
+        "address": "bob@example.com",
+        "job": "birthday",
+        "added": True,
+    }
