@@ -371,6 +371,8 @@ def _add(metrics: dict[str, float], verdict: Verdict) -> None:
             verdict.outcome.name, "UsersProcessed"
         )
         metrics[name] = metrics.get(name, 0) + 1
+        if verdict.outcome.name == "SENT":  # any job's success; EmailsSent is kept for mail
+            metrics["Succeeded"] = metrics.get("Succeeded", 0) + 1
         metrics["UsersProcessed"] = metrics.get("UsersProcessed", 0) + 1
 
 
@@ -378,6 +380,7 @@ def _summary_metrics(summary: Summary) -> dict[str, float]:
     return {
         "UsersProcessed": summary.eligible,
         "CardsCreated": summary.counters.get("cards_created", 0),
+        "Succeeded": summary.succeeded,
         "EmailsSent": summary.emails_sent,
         "Failures": summary.failed,
         "Throttles": float(getattr(summary, "throttles", 0)),

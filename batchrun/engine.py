@@ -1,4 +1,6 @@
-"""Bounded-concurrency runner: a fixed worker pool, a rate limiter, a deadline and graceful stop.
+"""Bounded-concurrency runner: a fixed worker pool, a deadline and graceful stop.
+
+Pacing is not the runner's: each effect holds the run's pacer (batchrun/policy/pacing.py).
 
 One producer task pulls items from the source into a bounded queue and ``concurrency``
 worker tasks take them from it, so memory and in-flight work stay bounded whatever the
@@ -14,13 +16,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, TypeVar
-
-from aiolimiter import AsyncLimiter
 
 from batchrun.stop import Deadline, StopToken, install_signal_handlers
 
@@ -106,54 +104,35 @@ class _RunState(Generic[T]):
 
 
 class Runner(Generic[T]):
-    """Works items from an async source with bounded concurrency and an optional rate limit."""
+    """Works items from an async source with bounded concurrency."""
 
     def __init__(
         self,
         *,
         concurrency: int,
-        rate: float | None = None,
         stop: StopToken | None = None,
         grace_s: float = 30.0,
         on_progress: Callable[[Progress], None] | None = None,
-        limiter: AbstractAsyncContextManager[None] | None = None,
     ) -> None:
         """Configure the runner.
 
         Args:
             concurrency: worker count, the cap on items in flight (at least 1).
-            rate: sends per second through ``limiter`` (bursts up to ``max(rate, 1)``);
-                None for no limit.
             stop: the stop token; a fresh one when None (see ``stop``).
             grace_s: how long in-flight items may take to finish after a stop or an error.
             on_progress: receives the events ``progress`` is given, e.g. for a progress bar.
-            limiter: a ready limiter (e.g. an adaptive one shared across runs); it takes
-                the place of ``rate``.
 
         Raises:
-            ValueError: concurrency below 1, rate not a positive finite number, or a
-                negative grace.
+            ValueError: concurrency below 1, or a negative grace.
         """
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-        if rate is not None and not (rate > 0 and math.isfinite(rate)):
-            raise ValueError(f"rate must be a positive number of sends per second, got {rate}")
         if not grace_s >= 0:
             raise ValueError(f"grace_s must not be negative, got {grace_s}")
         self._concurrency = concurrency
         self._stop = stop if stop is not None else StopToken()
         self._grace_s = grace_s
         self._on_progress = on_progress
-        self._limiter: AbstractAsyncContextManager[None]
-        if limiter is not None:
-            self._limiter = limiter
-        elif rate is None:
-            self._limiter = nullcontext()
-        elif rate >= 1:
-            self._limiter = AsyncLimiter(rate, 1)
-        else:
-            # AsyncLimiter(rate, 1) with rate < 1 could never grant a whole send
-            self._limiter = AsyncLimiter(1, 1 / rate)
         self._in_flight = 0
         # most items ever in flight at once over this runner's life (for tests and metrics)
         self.max_in_flight = 0
@@ -167,11 +146,6 @@ class Runner(Generic[T]):
     def stop(self) -> StopToken:
         """The token that stops this runner."""
         return self._stop
-
-    @property
-    def limiter(self) -> AbstractAsyncContextManager[None]:
-        """Wrap only the rate-limited step (the send) in ``async with runner.limiter:``."""
-        return self._limiter
 
     @property
     def in_flight(self) -> int:

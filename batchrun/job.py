@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from batchrun.db.sql import SqlFolder
 from batchrun.period import Period, Unit
+from batchrun.policy.retry import RetryPolicy
 
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
@@ -166,6 +168,28 @@ class Context:
         """
         return await self._effects.suppressed(addresses)
 
+    def paced(self) -> AbstractAsyncContextManager[None]:
+        """Hold one call to an outside service (an HTTP API, say) through the run's pacer:
+        ``--rate`` and its AIMD, the circuit breaker, as ``send_email`` is.
+
+            async with ctx.paced():
+                response = await client.post("/grants", json=body)
+                response.raise_for_status()
+
+        An httpx error leaving the block is raised as the verdict it means (``Retry`` for
+        a connection failure, a timeout, HTTP 408, 429 with its ``Retry-After`` as
+        ``delay_s``, 5xx; ``Fail`` for any other 4xx); a 429 also halves the rate, and
+        connection failures in a row open the breaker, which stops the run and queues the
+        rest. A call while the breaker is open raises ``Retry`` without starting.
+        """
+        paced = getattr(self._effects, "paced", None)
+        if paced is None:  # effects a test made: no rate, a breaker that never opens
+            from batchrun.policy.pacing import CircuitBreaker, Pacer
+
+            return Pacer(None, CircuitBreaker(threshold=2**62)).call()
+        manager: AbstractAsyncContextManager[None] = paced()
+        return manager
+
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``name``, reported as a key of the run's JSON summary."""
         self._effects.count(name, n)
@@ -193,6 +217,9 @@ class Job:
             before ``prepare``, and a dry run counts an invalid or suppressed one skipped.
         sender: the From of the job's emails, e.g. ``"Shop <renewals@shop.example>"``;
             ``--from`` (``BATCHRUN_FROM``) overrides it. Default: ``"{name}@localhost"``.
+        retry: the ``RetryPolicy`` (attempts, backoff, max_delay_s); unset fields take
+            the deployment's (``BATCHRUN_MAX_RECEIVES``, ``BATCHRUN_RETRY_BASE_S``,
+            ``BATCHRUN_RETRY_MAX_BACKOFF_S``).
     """
 
     name: ClassVar[str] = ""
@@ -206,6 +233,7 @@ class Job:
     counters: ClassVar[Sequence[str]] = ()
     address: ClassVar[str] = "email"
     sender: ClassVar[str | None] = None
+    retry: ClassVar[RetryPolicy] = RetryPolicy()
 
     @classmethod
     def once_unit(cls) -> Unit:
@@ -242,4 +270,15 @@ class Job:
         """
 
 
-__all__ = ["NAME", "Context", "Database", "Effects", "Fail", "Job", "Retry", "Skip", "Verdict"]
+__all__ = [
+    "NAME",
+    "Context",
+    "Database",
+    "Effects",
+    "Fail",
+    "Job",
+    "Retry",
+    "RetryPolicy",
+    "Skip",
+    "Verdict",
+]

@@ -9,10 +9,16 @@ to ``L``, is throttled back to about ``L/2``, and climbs again: a sawtooth whose
 about ``0.75 * L``. Leaving the ``async with`` block feeds the law by itself: a clean exit
 is a success, a ``ThrottledError`` a throttle, any other error neither.
 
-Why not build on aiolimiter: ``AsyncLimiter.max_rate`` and ``time_period`` are plain
-attributes, but the leak rate is cached at construction in the private ``_rate_per_sec``,
-so reassigning them changes only the burst size, not the pace; and its clock is the loop's,
-where this class takes an injectable ``clock`` and ``sleep`` for tests.
+Why not build on aiolimiter (read in 1.3.0's ``leakybucket.py``): ``AsyncLimiter.max_rate``
+and ``time_period`` are plain attributes, but the leak rate is cached at construction in the
+private slot ``_rate_per_sec`` and used by ``_leak`` and ``_wake_next``, so reassigning them
+changes only the bucket's size (the burst), not the pace, and a waiter's wake-up timer is
+not recomputed; AIMD would have to write that private slot and re-arm the private waker.
+It has no hold-until (a ``Retry-After`` that stops every caller for a while), no way to
+tell a caller who waited from one who did not (what lets a success grow the rate here, as
+RFC 7661 asks), and its clock is the loop's only, where this class takes an injectable
+``clock`` and ``sleep`` for tests. So the metering stays here and batchrun does not
+depend on aiolimiter.
 """
 
 from __future__ import annotations

@@ -122,7 +122,6 @@ class Settings:
     max_receives: int = 5  # deliveries of a retry message before it is dead-lettered
     retry_base_s: float = 30.0  # first backoff of a retry that failed again; doubles each time
     retry_max_backoff_s: float = 3600.0
-    card_message: str = "Happy birthday!"
     deadline_margin_ms: int | None = None
     db_secret_arn: str | None = None  # the Lambda's: --db from Secrets Manager, if no --db
     concurrency: int = 20  # the Lambda's; the CLI takes --concurrency
@@ -162,7 +161,6 @@ class Settings:
             max_receives=_int(env, "BATCHRUN_MAX_RECEIVES", 5, minimum=1),
             retry_base_s=_float(env, "BATCHRUN_RETRY_BASE_S", 30.0),
             retry_max_backoff_s=_float(env, "BATCHRUN_RETRY_MAX_BACKOFF_S", 3600.0),
-            card_message=env.get("BATCHRUN_CARD_MESSAGE") or "Happy birthday!",
             deadline_margin_ms=_int(env, "BATCHRUN_DEADLINE_MARGIN_MS", 0) if margin else None,
             db_secret_arn=None if env.get("BATCHRUN_DB") else env.get("BATCHRUN_DB_SECRET_ARN"),
             concurrency=_int(env, "BATCHRUN_CONCURRENCY", 20, minimum=1),

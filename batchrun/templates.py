@@ -66,7 +66,8 @@ class Templates:
 
     Args:
         search: folders in lookup order (``--templates``, the job's own folder,
-            ``DEFAULTS``); folders that do not exist are skipped. ``for_job`` builds it.
+            ``DEFAULTS``); folders that do not exist are skipped. ``Runtime.templates``
+            builds it.
     """
 
     def __init__(self, search: Sequence[Path | str]) -> None:
@@ -88,12 +89,6 @@ class Templates:
         )
         self._compiled: dict[str, _Compiled] = {}
         self._globals_keys: dict[jinja2.Template, frozenset[str]] = {}
-
-    @classmethod
-    def for_job(cls, job: Job | type[Job], override: Path | str | None = None) -> Templates:
-        """The templates of ``job``: ``override`` (``--templates``), its folder, ``DEFAULTS``."""
-        search = [Path(override)] if override else []
-        return cls([*search, job_folder(job), DEFAULTS])
 
     def load(self, name: str) -> None:
         """Compile ``name``'s parts and the templates they extend or include, now.

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -47,6 +48,7 @@ class Call:
     body: Any
     status: int
     grant_id: str | None
+    at: float = 0.0  # time.monotonic() when it arrived (before any delay)
 
 
 class _State:
@@ -81,13 +83,13 @@ class _State:
                     return answer, delay
             return None, delay
 
-    def record(self, key: str | None, body: Any, answer: Answer | None) -> Call:
+    def record(self, key: str | None, body: Any, answer: Answer | None, at: float) -> Call:
         with self.lock:
             grant_id = None
             if answer is None:
                 self.grants += 1
                 grant_id = f"g{self.grants}"
-            call = Call(key, body, answer.status if answer else 201, grant_id)
+            call = Call(key, body, answer.status if answer else 201, grant_id, at)
             self.calls.append(call)
             return call
 
@@ -111,10 +113,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(400, {"error": "body is not JSON"})
             return
         state = self.server.state
+        arrived = time.monotonic()
         answer, delay = state.plan()
         if delay:
             state.wake.wait(delay)
-        call = state.record(self.headers.get("Idempotency-Key"), body, answer)
+        call = state.record(self.headers.get("Idempotency-Key"), body, answer, arrived)
         if answer is None:
             self._reply(201, {"id": call.grant_id})
             return
@@ -228,6 +231,15 @@ class GrantsTestServer:
     def calls_per_key(self) -> Counter[str | None]:
         """How many times each Idempotency-Key was called, whatever the answer."""
         return Counter(call.key for call in self.calls())
+
+    def calls_per_second(self) -> list[int]:
+        """Calls that arrived in each whole second from the first one (buckets of 1 s)."""
+        calls = self.calls()
+        if not calls:
+            return []
+        first = min(c.at for c in calls)
+        buckets = Counter(int(c.at - first) for c in calls)
+        return [buckets.get(i, 0) for i in range(max(buckets) + 1)]
 
     def grants_per_key(self) -> Counter[str | None]:
         """How many credits each Idempotency-Key was granted: above 1 is a duplicate."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import math
 import signal
 import time
 from collections import Counter
@@ -470,58 +469,12 @@ async def test_cancelling_the_run_cancels_everything(
     [
         {"concurrency": 0},
         {"concurrency": -1},
-        {"concurrency": 2, "rate": 0},
-        {"concurrency": 2, "rate": -5},
-        {"concurrency": 2, "rate": math.nan},
-        {"concurrency": 2, "rate": math.inf},
         {"concurrency": 2, "grace_s": -1},
     ],
 )
 def test_bad_settings_are_refused(options: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         Runner(**options)
-
-
-@pytest.mark.parametrize(("sends", "rate"), [(50, 10.0), (30, 4.0), (4, 0.5)])
-async def test_rate_limits_sends_in_virtual_time(
-    make_runner: Callable[..., Runner[int]], sends: int, rate: float
-) -> None:
-    runner = make_runner(concurrency=5, rate=rate)
-    sent_at: list[float] = []
-    real_start = time.monotonic()
-
-    with MockLoopTime() as clock:
-
-        async def work(item: int) -> None:
-            await asyncio.sleep(0)  # reading the database is not throttled
-            async with runner.limiter:
-                sent_at.append(clock.now)
-
-        await runner.run(Source(sends).items(), work)
-
-    burst = max(rate, 1)
-    assert len(sent_at) == sends
-    # a leaky bucket of `burst` draining at `rate`: send i (from 0) cannot come earlier
-    for i, at in enumerate(sent_at):
-        assert at >= (i + 1 - burst) / rate - 1e-9, (i, at)
-    assert sent_at[-1] >= (sends - burst) / rate - 1e-9
-    assert sent_at[-1] <= (sends - burst) / rate + 1 / rate + 1e-9
-    assert time.monotonic() - real_start < 5
-    assert runner.max_in_flight <= 5
-
-
-async def test_no_rate_means_no_waiting(make_runner: Callable[..., Runner[int]]) -> None:
-    runner = make_runner(concurrency=5)
-
-    with MockLoopTime() as clock:
-
-        async def work(item: int) -> None:
-            async with runner.limiter:
-                pass
-
-        await runner.run(Source(1000).items(), work)
-
-    assert clock.now == 0
 
 
 def test_deadline_expires_at_the_margin() -> None:

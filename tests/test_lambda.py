@@ -164,7 +164,7 @@ def test_scheduled_event_completes_the_month(
     (metrics,) = [line for line in lines if "_aws" in line]
     names = {m["Name"] for m in metrics["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
     assert {"UsersProcessed", "CardsCreated", "EmailsSent", "Failures", "Duration"} <= names
-    assert metrics["EmailsSent"] == len(want)
+    assert metrics["EmailsSent"] == metrics["Succeeded"] == len(want)
 
 
 def test_on_demand_dry_run_touches_nothing(

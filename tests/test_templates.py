@@ -8,7 +8,7 @@ import zipfile
 from collections.abc import Callable
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 import pytest
@@ -293,7 +293,7 @@ def test_override_can_replace_the_layout(tmp_path: Path, birthday: Templates) ->
     assert rendered.text == birthday.render("birthday", ALL).text
 
 
-def test_for_job_searches_override_then_job_folder_then_defaults(tmp_path: Path) -> None:
+def test_a_jobs_templates_search_override_then_job_folder_then_defaults(tmp_path: Path) -> None:
     class Here(Job):
         name = "here"
 
@@ -309,16 +309,25 @@ def test_for_job_searches_override_then_job_folder_then_defaults(tmp_path: Path)
     assert job_folder(Here) == tests / "templates"
     assert job_folder(Here()) == tests / "templates"
     assert job_folder(Relative) == tests / "emails"
-    assert Templates.for_job(Elsewhere).search == (tmp_path / "mine", DEFAULTS)
-    assert Templates.for_job(Elsewhere, override=tmp_path / "o").search == (
+    assert templates_of(Elsewhere()).search == (tmp_path / "mine", DEFAULTS)
+    assert templates_of(Elsewhere(), override=tmp_path / "o").search == (
         tmp_path / "o",
         tmp_path / "mine",
         DEFAULTS,
     )
     write(tmp_path / "mine", {"hi/subject.txt": "Hi {{ who }}", "hi/body.txt": "Hello {{ who }}\n"})
-    assert Templates.for_job(Elsewhere).render("hi", {"who": "you"}) == Rendered(
+    assert templates_of(Elsewhere()).render("hi", {"who": "you"}) == Rendered(
         subject="Hi you", text="Hello you\n", html=None
     )
+
+
+def templates_of(job: Job, override: Path | None = None) -> Templates:
+    """The templates a runtime gives ``job`` (``--templates`` as ``override``)."""
+    from batchrun.runtime import Runtime
+    from batchrun.settings import Settings
+
+    settings = Settings(templates_dir=str(override) if override else None)
+    return Runtime(job, cast(Any, None), None, None, settings).templates(job)
 
 
 def test_missing_template_names_the_folders_searched(tmp_path: Path) -> None:

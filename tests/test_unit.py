@@ -563,7 +563,7 @@ def test_settings_from_env_overrides() -> None:
     assert s.max_receives == 9
     assert s.retry_base_s == 0.0
     assert s.retry_max_backoff_s == 60.0
-    assert s.card_message == "Many happy returns"
+    assert s.environ["BATCHRUN_CARD_MESSAGE"] == "Many happy returns"  # the birthday job's
     assert s.deadline_margin_ms == 750
     assert dict(s.extra) == {"AWS_REGION": "eu-west-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:5000"}
 

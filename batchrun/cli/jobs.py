@@ -26,8 +26,9 @@ Rate = Annotated[
     str | None,
     typer.Option(
         "--rate",
-        help="Effects (emails) per second at most, or 'auto' for the provider's own limit "
-        "(SES). On throttling the rate halves, then grows back (AIMD). Default: no cap.",
+        help="Effects per second at most (emails, and the calls a job makes through "
+        "ctx.paced()), or 'auto' for the provider's own limit (SES). On throttling the rate "
+        "halves, then grows back (AIMD). Default: no cap.",
     ),
 ]
 DryRun = Annotated[

@@ -144,8 +144,10 @@ class RetryQueue(Protocol):
         raise QueueError with the cause. A run calls it before any effect."""
         ...
 
-    async def send(self, bodies: Sequence[str]) -> None:
-        """Queue every body (visible at once); raise QueueError if any was not queued."""
+    async def send(self, bodies: Sequence[str], *, delay_s: float = 0.0) -> None:
+        """Queue every body, visible after ``delay_s`` (at once by default); raise
+        QueueError if any was not queued. SQS caps a delay at 15 minutes (``MAX_DELAY_S``)
+        and a FIFO queue takes none: there the consumer's own backoff is what holds."""
         ...
 
     async def send_dead(self, bodies: Sequence[tuple[str, str]]) -> None:

@@ -33,10 +33,11 @@ class LocalQueue:
         except DatabaseError as exc:
             raise QueueError(f"cannot read the queue table batchrun_queue: {exc}") from exc
 
-    async def send(self, bodies: Sequence[str]) -> None:
+    async def send(self, bodies: Sequence[str], *, delay_s: float = 0.0) -> None:
         if bodies:
             now = now_ms()
-            rows = [(body, now, 0, 0, None, now) for body in bodies]
+            visible_at = now + max(0, int(delay_s * 1000))
+            rows = [(body, visible_at, 0, 0, None, now) for body in bodies]
             await self.db.execute("queue_send", rows=rows)
 
     async def send_dead(self, bodies: Sequence[tuple[str, str]]) -> None:

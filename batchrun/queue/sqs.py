@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 BATCH = 10  # SQS's most entries per batch call
 BATCH_BYTES = 250 * 1024  # SQS caps a whole batch request at 256 KiB; keep a margin
 MAX_VISIBILITY_S = 43_200  # SQS's longest visibility timeout (12 hours)
+# SQS's longest DelaySeconds: a send asking for longer is delayed this long (a consumer's
+# own backoff, a visibility change, reaches 12 hours)
+MAX_DELAY_S = 900
 MAX_WAIT_S = 20  # SQS's longest long poll
 SEND_ATTEMPTS = 4  # resends of entries a batch reported as Failed, with a short backoff
 SEND_BACKOFF_S = 0.2
@@ -202,13 +205,19 @@ class SqsQueue:
 
     # -- sending ---------------------------------------------------------------------------
 
-    async def send(self, bodies: Sequence[str]) -> None:
+    async def send(self, bodies: Sequence[str], *, delay_s: float = 0.0) -> None:
         if bodies:
             await self.open()
             call = uuid.uuid4().hex
             entries = [
                 self._entry(str(i), body, self.fifo, call=call) for i, body in enumerate(bodies)
             ]
+            delay = _delay(delay_s)
+            if delay and not self.fifo:  # a FIFO queue refuses a per-message delay
+                for entry in entries:
+                    entry["DelaySeconds"] = delay
+            elif delay:
+                log.debug("SQS %s is FIFO: the %d s delay is left to the consumer", self.url, delay)
             await self._send_batches(self.queue_url, entries)
 
     async def send_dead(self, bodies: Sequence[tuple[str, str]]) -> None:
@@ -419,6 +428,11 @@ def _code(exc: BaseException | None) -> str:
     error = exc.response.get("Error", {})
     code = str(error.get("QueryErrorCode") or error.get("Code") or "")
     return code.rsplit(".", 1)[-1]
+
+
+def _delay(seconds: float) -> int:
+    """A send's DelaySeconds: whole seconds, rounded up, at most SQS's 15 minutes."""
+    return max(0, min(MAX_DELAY_S, math.ceil(seconds)))
 
 
 def _visibility(seconds: float) -> int:

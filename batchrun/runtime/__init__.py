@@ -7,7 +7,7 @@ work.py      one entity: fence, process, classify, record
 lease.py     claims, their heartbeat and the fence (claims that are lost stop the work)
 recorder.py  group commit of outcomes; one retry message per entity
 outcomes.py  what an exception from process means (retry, fail, skip)
-sending.py   ctx.send_email: templates, pacing, throttling; the circuit breaker
+sending.py   ctx.send_email: templates, pacing, throttling; ctx.paced() (policy/pacing.py)
 consume.py   retry, task, continuation and shard messages, and their verdicts
 fanout.py    a period's entities as shards on a queue
 reports.py   the JSON summaries

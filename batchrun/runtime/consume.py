@@ -132,7 +132,9 @@ async def _entities(
     try:
         async with Lease(rt.store, lease_s=rt.settings.lease_s, stop=stop) as lease:
             limiter = await rt.retry_limiter(options)
-            ctx, _ = rt.context(job, period, lease=lease, stop=stop, limiter=limiter)
+            ctx, _ = rt.context(
+                job, period, lease=lease, stop=stop, limiter=limiter, breaker=rt.breaker
+            )
             scope = Scope(job.name, str(ctx.once), str(period))
             outcomes, claims, lost = await _work(
                 rt, job, ctx, scope, lease, limiter, entries, options
@@ -232,7 +234,8 @@ def _worker(
         breaker=rt.breaker,
         stop=lease.stop,
         limiter=limiter,
-        give_up_after=rt.queue.max_receives,
+        policy=rt.policy(job),
+        at_once=False,  # a retry's failure backs off (or waits the delay it asked for)
         on_outcome=note,
     )
 

@@ -51,8 +51,49 @@ class Outcome:
 SUCCEEDED = Outcome(State.SENT)
 
 
+class Classified:
+    """A verdict a paced effect raised for an error it classified: the outcome rides along,
+    so the breaker still sees a connection failure, and the pacer has fed the rate."""
+
+    outcome: Outcome
+
+
+class EffectRetry(Classified, Retry):
+    """``Retry`` from a paced effect (an HTTP 5xx or 429, a timeout, a dropped connection)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.reason or "retry", outcome.delay_s)
+        self.outcome = outcome
+
+
+class EffectFail(Classified, Fail):
+    """``Fail`` from a paced effect (an HTTP 4xx other than 408 and 429, a mail 5xx)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.reason or "failed")
+        self.outcome = outcome
+
+
+def as_verdict(outcome: Outcome) -> Retry | Fail:
+    """The verdict a paced effect raises for a classified error."""
+    return EffectFail(outcome) if outcome.state is State.FAILED else EffectRetry(outcome)
+
+
 def classify(exc: BaseException) -> Outcome:
     """The outcome of an exception that escaped ``process``."""
+    known = effect_outcome(exc)
+    if known is not None:
+        return known
+    if isinstance(exc, BatchrunError):
+        return Outcome(State.RETRYING, _short(str(exc)))
+    return Outcome(State.RETRYING, _short(f"{type(exc).__name__}: {exc}"))
+
+
+def effect_outcome(exc: BaseException) -> Outcome | None:
+    """The outcome of a verdict, or of an error an effect is known to raise (mail, httpx);
+    None for any other exception (a bug in the job, say)."""
+    if isinstance(exc, Classified):
+        return exc.outcome
     if isinstance(exc, Skip):
         return Outcome(State.SKIPPED, _short(exc.reason))
     if isinstance(exc, Retry):
@@ -69,12 +110,7 @@ def classify(exc: BaseException) -> Outcome:
         return Outcome(State.RETRYING, _short(exc.reason), connection=True)
     if isinstance(exc, TemporaryMailError):
         return Outcome(State.RETRYING, _short(exc.reason))
-    http = _http_outcome(exc)
-    if http is not None:
-        return http
-    if isinstance(exc, BatchrunError):
-        return Outcome(State.RETRYING, _short(str(exc)))
-    return Outcome(State.RETRYING, _short(f"{type(exc).__name__}: {exc}"))
+    return _http_outcome(exc)
 
 
 def _http_outcome(exc: BaseException) -> Outcome | None:
@@ -100,13 +136,13 @@ def _http_outcome(exc: BaseException) -> Outcome | None:
 
 
 def retry_after_s(value: str | None) -> float | None:
-    """An HTTP ``Retry-After`` value (seconds, or an HTTP date) in seconds, if usable."""
+    """An HTTP ``Retry-After`` value (whole seconds, or an HTTP date) in seconds, if usable;
+    None for anything else (a negative, fractional or infinite number)."""
     if not value:
         return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    value = value.strip()
+    if value.isascii() and value.isdigit():  # delay-seconds: a non-negative integer
+        return float(value)
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):

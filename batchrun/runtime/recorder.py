@@ -4,7 +4,9 @@ A worker takes its next entity only after its last outcome is durable, so at mos
 ``concurrency`` finished effects are ever unrecorded: that bounds the one duplicate window
 a crash can open. Failures reach the retry queue here too, one message per entity: an
 entity that already has a retry message waiting (``queued`` in the ledger) is not queued
-again, and a consumer finds a message for a finished entity and deletes it.
+again, and a consumer finds a message for a finished entity and deletes it. A retry
+message goes out after the outcome's delay (the job's ``Retry(delay_s)``, a peer's
+``Retry-After``, as the job's RetryPolicy settled it), so no consumer works it sooner.
 """
 
 from __future__ import annotations
@@ -81,16 +83,18 @@ class Recorder:
                     future.set_result(None)
 
     async def write(self, batch: Sequence[tuple[Item, Outcome]]) -> None:
-        """Write outcomes: one UPDATE per scope for all succeeded, one per failure reason."""
-        groups: dict[tuple[Scope, State, str | None, bool], list[Item]] = {}
+        """Write outcomes: one UPDATE per scope for all succeeded, one per failure reason
+        (and retry delay)."""
+        groups: dict[tuple[Scope, State, str | None, bool, float], list[Item]] = {}
         for item, outcome in batch:
             reason = None if outcome.state is State.SENT else outcome.reason
             waiting = item.queued and outcome.state is State.RETRYING
-            groups.setdefault((item.scope, outcome.state, reason, waiting), []).append(item)
-        for (scope, state, reason, waiting), items in groups.items():
+            delay = (outcome.delay_s or 0.0) if outcome.state is State.RETRYING else 0.0
+            groups.setdefault((item.scope, outcome.state, reason, waiting, delay), []).append(item)
+        for (scope, state, reason, waiting, delay), items in groups.items():
             queued = not self.enqueue
             if self.enqueue and state in (State.RETRYING, State.FAILED):
-                queued = waiting or await self._enqueue(scope, state, reason or "", items)
+                queued = waiting or await self._enqueue(scope, state, reason or "", items, delay)
                 if waiting and self.summary is not None:
                     self.summary.queued_for_retry += len(items)
             ids = [i.id for i in items]
@@ -114,8 +118,11 @@ class Recorder:
                     else:
                         self.summary.failed -= taken
 
-    async def _enqueue(self, scope: Scope, state: State, reason: str, items: list[Item]) -> bool:
-        """Queue one message per entity (a retry, or a dead letter); whether they went."""
+    async def _enqueue(
+        self, scope: Scope, state: State, reason: str, items: list[Item], delay_s: float = 0.0
+    ) -> bool:
+        """Queue one message per entity (a retry, visible after ``delay_s``, or a dead
+        letter); whether they went."""
         if self.queue is None:
             return False
         bodies = [
@@ -132,6 +139,8 @@ class Recorder:
         try:
             if state is State.FAILED:
                 await self.queue.send_dead([(b, reason) for b in bodies])
+            elif delay_s > 0:
+                await self.queue.send(bodies, delay_s=delay_s)
             else:
                 await self.queue.send(bodies)
         except QueueError as exc:

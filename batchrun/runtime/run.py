@@ -22,13 +22,14 @@ from batchrun.errors import NotMigratedError, QueueError
 from batchrun.job import Context, Job
 from batchrun.mail.base import valid_address
 from batchrun.period import Period
+from batchrun.policy.pacing import BREAKER_REASON, CircuitBreaker
 from batchrun.queue.base import QueueMessage
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.outcomes import Outcome
 from batchrun.runtime.pager import LoadGate, Pager, page, unfinished
 from batchrun.runtime.recorder import Item, Recorder
 from batchrun.runtime.reports import Summary
-from batchrun.runtime.sending import BREAKER_REASON, CircuitBreaker, make_limiter
+from batchrun.runtime.sending import make_limiter
 from batchrun.runtime.work import Worker
 
 if TYPE_CHECKING:
@@ -130,11 +131,13 @@ async def _run(
 ) -> None:
     stop = lease.stop
     limiter = await make_limiter(rt.mailer, options.rate)
-    ctx, sender = rt.context(job, period, summary=summary, lease=lease, stop=stop, limiter=limiter)
+    breaker = CircuitBreaker(rt.settings.breaker_threshold)
+    ctx, sender = rt.context(
+        job, period, summary=summary, lease=lease, stop=stop, limiter=limiter, breaker=breaker
+    )
     scope = scope_of(ctx)
     gate = _load_gate(rt, options, stop)
     recorder = Recorder(rt.store, rt.queue, lease, summary=summary, enqueue=True)
-    breaker = CircuitBreaker(rt.settings.breaker_threshold)
     runner: Runner[Item] = Runner(
         concurrency=options.concurrency,
         stop=stop,
@@ -164,6 +167,8 @@ async def _run(
         breaker=breaker,
         stop=stop,
         limiter=limiter,
+        policy=rt.policy(job),
+        at_once=True,  # a run's failures: available to `batchrun retry` at once
         on_outcome=counted,
     )
     pager = Pager(
@@ -210,7 +215,7 @@ async def _run(
     finally:
         await recorder.close()
         summary.db_paused_s = round(gate.paused_s, 3)
-        summary.throttles = sender.throttles
+        summary.throttles = sender.throttles + sender.pacer.throttles
         if limiter is not None:
             summary.send_rate = round(limiter.settled, 2)
             summary.send_rate_peak = round(limiter.peak, 2)

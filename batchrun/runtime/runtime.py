@@ -17,6 +17,8 @@ from batchrun.errors import NotMigratedError
 from batchrun.job import Context, Job
 from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
+from batchrun.policy.pacing import CircuitBreaker
+from batchrun.policy.retry import RetryPolicy
 from batchrun.queue.base import QueueMessage, Received, RetryQueue
 from batchrun.ratelimit import AdaptiveRate
 from batchrun.runtime import consume, inspect, preflight
@@ -24,7 +26,7 @@ from batchrun.runtime.consume import Verdict
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.reports import FanOut, RetrySummary, Summary
 from batchrun.runtime.run import Options, run_period
-from batchrun.runtime.sending import CircuitBreaker, Sender, make_limiter
+from batchrun.runtime.sending import Sender, make_limiter
 from batchrun.settings import Settings
 from batchrun.urls import scheme_of
 
@@ -100,10 +102,12 @@ class Runtime:
         lease: Lease | None = None,
         stop: StopToken | None = None,
         limiter: AdaptiveRate | None = None,
+        breaker: CircuitBreaker | None = None,
         dry_run: bool = False,
     ) -> tuple[Context, Sender]:
         """A context for ``job``'s ``period``, and its effects: email through this runtime's
-        mailer (none in a dry run), counted in ``summary``, fenced by ``lease``."""
+        mailer (none in a dry run), counted in ``summary``, fenced by ``lease``, every
+        effect paced by ``limiter`` and stopped by ``breaker``."""
         sender = Sender(
             None if dry_run else self.mailer,
             self.settings,
@@ -114,6 +118,7 @@ class Runtime:
             templates=None if dry_run else self.templates(job),
             store=self.store,
             sender=self.settings.sender_for(job),
+            breaker=breaker,
         )
         if not dry_run:
             self.warn_without_unsubscribe()
@@ -121,6 +126,11 @@ class Runtime:
             job, period, self.store.jobdb, sender, dry_run=dry_run, env=self.settings.environ
         )
         return ctx, sender
+
+    def policy(self, job: Job) -> RetryPolicy:
+        """``job``'s retry policy over the deployment's (settings, the queue's receives)."""
+        receives = self.queue.max_receives if self.queue is not None else None
+        return job.retry.over(RetryPolicy.defaults(self.settings, receives))
 
     def warn_without_unsubscribe(self) -> None:
         """Once per runtime: mail to real mailboxes (SMTP, SES) without one-click unsubscribe."""

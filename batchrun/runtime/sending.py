@@ -1,4 +1,5 @@
-"""``ctx.send_email`` for a run: render, build the message, fence, pace, send; the breaker.
+"""``ctx.send_email`` for a run: render, build the message, fence, pace, send; and
+``ctx.paced()``, the same pacer around any other effect (policy/pacing.py).
 
 Throttling is the provider asking for a lower rate, not the entity failing: the adaptive
 limiter halves its rate when a ThrottledError leaves its block, and the same message goes
@@ -20,6 +21,9 @@ from batchrun import unsubscribe
 from batchrun.errors import ThrottledError
 from batchrun.job import Context, Retry, Skip
 from batchrun.mail.base import Mailer, Message, valid_address
+from batchrun.policy.pacing import BREAKER_REASON as BREAKER_REASON  # re-exported
+from batchrun.policy.pacing import CircuitBreaker as CircuitBreaker  # re-exported
+from batchrun.policy.pacing import Pacer
 from batchrun.ratelimit import AdaptiveRate
 from batchrun.settings import Settings
 
@@ -34,38 +38,7 @@ log = logging.getLogger(__name__)
 
 MAX_THROTTLED = 20  # sends of one message under throttling before it goes to the retry queue
 DEFAULT_AUTO_RATE = 10.0  # where --rate auto starts when the provider does not say its limit
-BREAKER_REASON = "mail backend unreachable (circuit breaker open)"
 KEEP_LOOKED_UP = 10_000  # suppression answers kept per generation: a few pages' worth
-
-
-class CircuitBreaker:
-    """Opens after ``threshold`` consecutive connection-level failures."""
-
-    def __init__(self, threshold: int) -> None:
-        self.threshold = threshold
-        self.consecutive = 0
-        self.open = False
-        self.reason: str | None = None  # why it opened, when a halt (not a count) did
-
-    def success(self) -> None:
-        self.consecutive = 0
-        self.reason = None
-
-    def half_open(self) -> None:
-        """After a pause, let one attempt through: one more failure opens it again."""
-        self.open = False
-        self.consecutive = self.threshold - 1
-
-    def failure(self, *, halt: bool = False) -> bool:
-        """Record a failure; True when this one opened the breaker. ``halt`` (the provider
-        refuses all mail until someone acts) opens it at once."""
-        self.consecutive += 1
-        if halt:
-            self.consecutive = max(self.consecutive, self.threshold)
-        if not self.open and self.consecutive >= self.threshold:
-            self.open = True
-            return True
-        return False
 
 
 async def make_limiter(
@@ -140,6 +113,7 @@ class Sender:
         templates: Templates | None,
         store: Store | None = None,
         sender: str | None = None,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         self.mailer = mailer
         self.settings = settings
@@ -148,6 +122,8 @@ class Sender:
         self.stop = stop
         self.limiter: AbstractAsyncContextManager[None] = limiter or nullcontext()
         self.adaptive = limiter
+        # Every effect of the run goes through one pacer: mail below, the rest ctx.paced().
+        self.pacer = Pacer(limiter, breaker or CircuitBreaker(settings.breaker_threshold))
         self.templates = templates
         self.throttles = 0
         self.emails_sent = 0
@@ -161,6 +137,10 @@ class Sender:
         self.defaults: dict[str, Any] = {"brand": name or None}
         self.signer = unsubscribe.Signer.from_settings(settings)
         self.suppressions = Suppressions(store)
+
+    def paced(self) -> AbstractAsyncContextManager[None]:
+        """``ctx.paced()``: one call to an outside service through the run's pacer."""
+        return self.pacer.call()
 
     def count(self, name: str, n: int) -> None:
         if self.summary is not None:

@@ -1,19 +1,20 @@
-"""One entity's work, the same in a run and in a queue consumer: fence, process, record."""
+"""One entity's work, the same in a run and in a queue consumer: fence, process, settle
+by the job's RetryPolicy, record."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 
-from batchrun.db.store import State
 from batchrun.engine import StopToken
 from batchrun.errors import ThrottledError
 from batchrun.job import Context, Job
+from batchrun.policy.pacing import CircuitBreaker
+from batchrun.policy.retry import RetryPolicy
 from batchrun.ratelimit import AdaptiveRate
 from batchrun.runtime.lease import Lease
-from batchrun.runtime.outcomes import SUCCEEDED, Outcome, classify
+from batchrun.runtime.outcomes import SUCCEEDED, Classified, Outcome, classify
 from batchrun.runtime.recorder import Item, Recorder
-from batchrun.runtime.sending import CircuitBreaker
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ class Worker:
         breaker: CircuitBreaker,
         stop: StopToken,
         limiter: AdaptiveRate | None = None,
-        give_up_after: int | None = None,
+        policy: RetryPolicy | None = None,
+        at_once: bool = True,
         on_outcome: Callable[[Item, Outcome], None] | None = None,
     ) -> None:
         self.job = job
@@ -41,7 +43,8 @@ class Worker:
         self.breaker = breaker
         self.stop = stop
         self.limiter = limiter
-        self.give_up_after = give_up_after  # a consumer's: retries before a failure is final
+        self.policy = policy or RetryPolicy()  # resolved: the job's over the deployment's
+        self.at_once = at_once  # a run's failures are retried at once; a consumer's back off
         self.on_outcome = on_outcome
         self.unstarted: list[Item] = []  # not attempted (stopped, breaker open): the caller's
         self.lost: list[Item] = []
@@ -63,13 +66,8 @@ class Worker:
             return
         else:
             outcome = await self._process(item)
-        limit = self.give_up_after
-        if outcome.state is State.RETRYING and limit is not None and item.attempts >= limit:
-            # The ledger counts attempts: the run's first one, then one per retry, so an
-            # entity gets as many retries as the queue allows receives.
-            outcome = Outcome(
-                State.FAILED, f"gave up after {item.attempts} attempts: {outcome.reason}"
-            )
+        # The ledger counts attempts: the run's first one, then one per retry.
+        outcome = self.policy.settle(outcome, item.attempts, at_once=self.at_once)
         if self.on_outcome is not None:
             self.on_outcome(item, outcome)
         await self.recorder.record(item, outcome)
@@ -83,7 +81,7 @@ class Worker:
         return SUCCEEDED
 
     def _failed(self, exc: Exception) -> Outcome:
-        outcome = classify(exc)
+        outcome = classify(exc)  # settled by the policy in ``work``
         if outcome.connection:
             if self.breaker.failure(halt=outcome.halt):
                 if outcome.halt:
@@ -95,8 +93,9 @@ class Worker:
                         self.breaker.consecutive,
                     )
                 self.stop.request("mail backend unreachable")
-        else:
+        elif not self.breaker.open:  # a call the open breaker refused is no success
             self.breaker.success()
-        if outcome.throttled and self.limiter is not None and not isinstance(exc, ThrottledError):
-            self.limiter.throttled(outcome.delay_s)  # an HTTP 429: the mail path paces itself
+        fed = isinstance(exc, ThrottledError | Classified)  # the pacer has slowed the rate
+        if outcome.throttled and self.limiter is not None and not fed:
+            self.limiter.throttled(outcome.delay_s)  # an HTTP 429 outside ctx.paced()
         return outcome

@@ -56,26 +56,21 @@ class MonthlyCredits(batchrun.Job):
 
     async def _grant(self, ctx: batchrun.Context, customer_id: int, amount: int) -> str:
         body = {"customer_id": customer_id, "amount": amount, "period": str(ctx.period)}
-        try:
+        # Through the run's pacer (--rate, the breaker): an httpx error leaving the block is
+        # the verdict it means (429 -> Retry after its Retry-After, 5xx/408/timeouts/
+        # connection errors -> Retry, other 4xx -> Fail).
+        async with ctx.paced():
             response = await self.client(ctx.env).post(
                 "/grants", json=body, headers={"Idempotency-Key": ctx.key}
             )
-        except httpx.TransportError as exc:  # timeouts included
-            raise batchrun.Retry(f"credits API unreachable: {type(exc).__name__}") from exc
-        status = response.status_code
-        if status == 429:
-            raise batchrun.Retry("credits API throttled (429)", delay_s=retry_after(response))
-        if status >= 500 or status == 408:
-            raise batchrun.Retry(f"credits API answered {status}")
-        if not response.is_success:
-            raise batchrun.Fail(f"credits API answered {status} {response.reason_phrase}")
+            response.raise_for_status()
         try:
             grant_id = response.json()["id"]
         except (ValueError, KeyError, TypeError):
             grant_id = None
         if not isinstance(grant_id, str | int) or grant_id == "":
             # It answered success, so the credit may exist: a retry could grant it twice.
-            raise batchrun.Fail(f"credits API answered {status} without a grant id")
+            raise batchrun.Fail(f"credits API answered {response.status_code} without a grant id")
         return str(grant_id)
 
     def client(self, env: Mapping[str, str] | None = None) -> httpx.AsyncClient:
@@ -98,9 +93,3 @@ class MonthlyCredits(batchrun.Job):
         if self._client is not None:
             await self._client.aclose()
             self._client = None
-
-
-def retry_after(response: httpx.Response) -> float | None:
-    """The delay a ``Retry-After: SECONDS`` header asks for (its date form is not used)."""
-    value = response.headers.get("Retry-After", "").strip()
-    return float(value) if value.isascii() and value.isdigit() else None
