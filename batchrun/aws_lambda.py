@@ -323,7 +323,11 @@ async def _sqs(
                 # succeeds so SQS does not deliver it again.
                 await backends.queue.send_dead([(item.body, verdict.reason)])
                 continue
-            if verdict.action == "later" and verdict.delay_s > 0:
+            if verdict.unknown_job is not None:
+                # Not this function's job (BATCHRUN_JOBS): left for one that knows it.
+                metrics["UnknownJob"] = metrics.get("UnknownJob", 0) + 1
+                await _hide(backends.queue, item, verdict.delay_s, keep=True)
+            elif verdict.action == "later" and verdict.delay_s > 0:
                 await _hide(backends.queue, item, verdict.delay_s)
             # Poison records fail too: the queue's redrive policy dead-letters them.
             failures.append({"itemIdentifier": item.message_id})
@@ -354,10 +358,11 @@ async def _mail_events(
     return [{"itemIdentifier": item.message_id} for item, _ in poison], float(len(items))
 
 
-async def _hide(queue: Any, item: Received, delay_s: float) -> None:
-    """Back a failed record off; if that fails, SQS's own visibility timeout applies."""
+async def _hide(queue: Any, item: Received, delay_s: float, *, keep: bool = False) -> None:
+    """Back a failed record off; if that fails, SQS's own visibility timeout applies.
+    ``keep``: a record this function cannot work, kept out of the dead-letter queue."""
     try:
-        await queue.retry_later(item, delay_s)
+        await (queue.keep if keep else queue.retry_later)(item, delay_s)
     except BatchrunError as exc:
         log.warning("could not back off message %s: %s", item.message_id, exc)
 
@@ -366,6 +371,8 @@ def _add(metrics: dict[str, float], verdict: Verdict) -> None:
     if verdict.summary is not None:
         for key, value in _summary_metrics(verdict.summary).items():
             metrics[key] = metrics.get(key, 0) + value
+    elif verdict.not_eligible:
+        metrics["NotEligible"] = metrics.get("NotEligible", 0) + 1
     elif verdict.outcome is not None:
         name = {"SENT": "EmailsSent", "RETRYING": "Failures", "FAILED": "Failures"}.get(
             verdict.outcome.name, "UsersProcessed"

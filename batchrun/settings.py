@@ -119,6 +119,7 @@ class Settings:
     mail_timeout_s: float = 10.0
     lease_s: float = 15.0  # a dead run's claims expire this long after its last heartbeat
     breaker_threshold: int = 5  # consecutive connection-level mail failures that stop a run
+    bug_threshold: int = 10  # entities in a row failing with one non-transient error: stop
     max_receives: int = 5  # deliveries of a retry message before it is dead-lettered
     retry_base_s: float = 30.0  # first backoff of a retry that failed again; doubles each time
     retry_max_backoff_s: float = 3600.0
@@ -158,6 +159,7 @@ class Settings:
             mail_timeout_s=_float(env, "BATCHRUN_MAIL_TIMEOUT_S", 10.0, minimum=0.1),
             lease_s=_float(env, "BATCHRUN_LEASE_S", 15.0, minimum=0.5),
             breaker_threshold=_int(env, "BATCHRUN_BREAKER_THRESHOLD", 5, minimum=1),
+            bug_threshold=_int(env, "BATCHRUN_BUG_THRESHOLD", 10, minimum=1),
             max_receives=_int(env, "BATCHRUN_MAX_RECEIVES", 5, minimum=1),
             retry_base_s=_float(env, "BATCHRUN_RETRY_BASE_S", 30.0),
             retry_max_backoff_s=_float(env, "BATCHRUN_RETRY_MAX_BACKOFF_S", 3600.0),

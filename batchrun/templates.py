@@ -191,6 +191,17 @@ class Templates:
         raise TemplateError(f"email template {where}: {reason}") from exc
 
 
+def template_names(folder: Path) -> list[str]:
+    """The templates in ``folder``: its sub-folders holding a ``subject.txt`` or ``body.txt``."""
+    if not folder.is_dir():
+        return []
+    return sorted(
+        sub.name
+        for sub in folder.iterdir()
+        if sub.is_dir() and any((sub / part).is_file() for part in PARTS[:2])
+    )
+
+
 def job_folder(job: Job | type[Job]) -> Path:
     """The folder of ``job``'s templates: ``Job.templates``, relative to its module's folder.
 
@@ -216,4 +227,4 @@ def job_folder(job: Job | type[Job]) -> Path:
     return first or Path.cwd() / "templates"
 
 
-__all__ = ["DEFAULTS", "Rendered", "TemplateError", "Templates", "job_folder"]
+__all__ = ["DEFAULTS", "Rendered", "TemplateError", "Templates", "job_folder", "template_names"]

@@ -303,13 +303,14 @@ class SmtpTestServer:
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def start(self) -> Self:
-        """Bind a free port and serve in a background thread; returns self."""
+    def start(self, port: int = 0) -> Self:
+        """Bind ``port`` (0: a free one) and serve in a background thread; returns self."""
         if self._controller is not None:
             raise RuntimeError("SmtpTestServer already started")
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            sock.bind((HOST, 0))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((HOST, port))
             sock.listen(128)
             sock.setblocking(False)
             controller = _Controller(_Handler(self._rec), self._rec, sock, smtputf8=self._smtputf8)

@@ -3,6 +3,7 @@
 app.py     the app, global options, settings, jobs, the runtime, errors -> exit codes
 jobs.py    birthday, run, jobs, submit, preview
 queue.py   retry, worker
+dead.py    dead list / redrive / purge
 status.py  status
 suppress.py  suppress add / remove / list, unsubscribe
 db.py      db migrate, db seed, db explain
@@ -17,7 +18,7 @@ import sys
 
 import typer
 
-from batchrun.cli import conventions, db, events, jobs, new, queue, status, suppress
+from batchrun.cli import conventions, db, dead, events, jobs, new, queue, status, suppress
 from batchrun.cli.app import app
 
 try:  # typer 0.2x vendors click; older releases use click itself
@@ -25,7 +26,7 @@ try:  # typer 0.2x vendors click; older releases use click itself
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-__all__ = ["app", "db", "events", "jobs", "main", "new", "queue", "status", "suppress"]
+__all__ = ["app", "db", "dead", "events", "jobs", "main", "new", "queue", "status", "suppress"]
 
 conventions.apply(app)  # every command is registered by now: metavars, defaults, reflow
 

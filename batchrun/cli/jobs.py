@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
@@ -209,6 +210,9 @@ def _run_job(
                 stderr.print(month.say(bar.worked), highlight=False, soft_wrap=True)
             if summary.exit_code == 3:
                 stderr.print("some entities wait in the retry queue: run `batchrun retry` later")
+        if summary.error is not None:
+            stderr.print(f"[red]error:[/] {escape(summary.error)}", highlight=False, soft_wrap=True)
+            return 1
         if summary.lost_claims:
             stderr.print(
                 f"{summary.lost_claims} claims were taken over by another run while this one "

@@ -7,13 +7,14 @@ import json
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
 from batchrun.cli.app import Context, app, rate_option, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.output import ASKED, table
-from batchrun.runtime import Options
+from batchrun.runtime import Options, RetrySummary
 
 
 @app.command(
@@ -64,9 +65,12 @@ def worker(
     """Consume the queue until SIGTERM: shards, retries, submitted tasks and continuations.
 
     For ECS, EC2 or any host; the SQS-triggered Lambda runs the same processing. A mail
-    outage does not stop it: it backs off and polls on (a mailer or queue unusable when
-    it starts is exit 1, one line). SIGTERM finishes the entities in flight and hands the
-    rest of a shard on.
+    outage does not stop it: it backs off and polls on, and started while the mail server
+    (or the queue) is down it waits for it (backoff up to 30 s, one log line per change)
+    and then serves. SIGTERM finishes the entities in flight and hands the rest of a shard
+    on. Messages for a job it does not know stay on the queue; at its end it exits 1 with
+    one line naming the job (give its module with --jobs). The same error for
+    BATCHRUN_BUG_THRESHOLD entities in a row (a bug in a job) stops it with exit 1.
     """
     context: Context = ctx.obj
     settings = context.settings
@@ -109,7 +113,7 @@ def worker(
         else:
             table("worker", result.to_json(), always=ASKED)
         _say_lost(result.lost_claims)
-        return 0
+        return _say_unknown(result)
 
     run_command(ctx, go)
 
@@ -137,7 +141,11 @@ def retry(
     """Drain the retry queue once: redo each failed entity, delete what succeeds.
 
     What fails again comes back later (exponential backoff); after the last attempt it is
-    dead-lettered and listed by `batchrun status`. Counts are entities, not messages.
+    dead-lettered and listed by `batchrun status` and `batchrun dead list`. Counts are
+    entities, not messages. A task whose entity the job's page does not return is dropped
+    (not_eligible), the ledger left as it was. Messages for a job this process does not
+    know stay on the queue (unknown_job) and the drain exits 1 naming it: give the job's
+    module with --jobs (`batchrun --jobs myjobs.py retry`).
     """
     context: Context = ctx.obj
     settings = context.settings
@@ -171,9 +179,20 @@ def retry(
                 highlight=False,
             )
             return 130
+        _say_unknown(result)
         return result.exit_code
 
     run_command(ctx, go)
+
+
+def _say_unknown(result: RetrySummary) -> int:
+    """The line naming jobs whose messages were left on the queue, or the bug that stopped
+    the drain; 1 if there was one."""
+    line = result.error or result.unknown_line()
+    if line is None:
+        return 0
+    stderr.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+    return 1
 
 
 def _say_lost(lost_claims: int) -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
 
 from batchrun.db.store import MAX_ID
 from batchrun.errors import ConfigError
+from batchrun.job import NAME
 from batchrun.period import Unit
 from batchrun.period import parse as parse_period
 from batchrun.urls import mask_url, scheme_of
@@ -24,6 +25,15 @@ Kind = Literal["retry", "task", "continuation", "shard"]
 
 class PoisonMessage(ValueError):
     """A queue message that can never be processed; carries the reason."""
+
+
+class UnknownJob(PoisonMessage):
+    """A well-formed message for a job this process does not know (``--jobs`` left it
+    out): not poison for a process that knows the job, so it stays on the queue."""
+
+    def __init__(self, job: str) -> None:
+        super().__init__(f"unknown job {job!r}")
+        self.job = job
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +73,8 @@ class QueueMessage:
     @classmethod
     def from_json(cls, text: str, units: Mapping[str, Unit]) -> QueueMessage:
         """Parse and validate a body for the jobs ``units`` names (job -> period unit);
-        raise PoisonMessage for anything malformed or for a job that is not registered."""
+        raise PoisonMessage for anything malformed, UnknownJob (a PoisonMessage) for a job
+        that is not registered."""
         if len(text) > MAX_BODY:
             raise PoisonMessage(f"body too large ({len(text)} bytes)")
         try:
@@ -78,8 +89,10 @@ class QueueMessage:
         if kind not in KINDS:
             raise PoisonMessage(f"unknown kind {kind!r}")
         job = body.get("job")
-        if not isinstance(job, str) or job not in units:
+        if not isinstance(job, str) or not NAME.fullmatch(job):
             raise PoisonMessage(f"unknown job {job!r}")
+        if job not in units:
+            raise UnknownJob(job)
         period = body.get("period", body.get("month"))
         try:
             if not isinstance(period, str):
@@ -165,6 +178,11 @@ class RetryQueue(Protocol):
         ...
 
     async def dead_letter(self, item: Received, reason: str) -> None: ...
+
+    async def keep(self, item: Received, delay_s: float) -> None:
+        """Leave ``item`` on the queue for another process (hidden for ``delay_s``), its
+        receives never reaching the dead-letter limit (an SQS queue re-sends a copy)."""
+        ...
 
     async def depths(self) -> tuple[int, int | None]:
         """(messages waiting or in flight, dead-letter depth or None if there is no DLQ)."""

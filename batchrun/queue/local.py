@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from batchrun.db.base import Database, now_ms
-from batchrun.errors import DatabaseError, QueueError
+from batchrun.db.base import Database, Row, now_ms
+from batchrun.errors import DatabaseError, QueueError, UsageError
 from batchrun.queue.base import Received
+
+if TYPE_CHECKING:
+    from batchrun.queue.dead import DeadLetter, Revive
+
+DEAD_PAGE = 500  # dead rows read (and redriven) per statement
 
 
 class LocalQueue:
@@ -66,6 +72,9 @@ class LocalQueue:
             await self.db.execute("queue_delete", ids=[int(i.message_id) for i in items])
 
     async def retry_later(self, item: Received, delay_s: float) -> None:
+        if not item.message_id.isdigit():
+            # A record from elsewhere (an SQS event with this table configured as the queue).
+            raise QueueError(f"message {item.message_id!r} is not a row of batchrun_queue")
         await self.db.execute(
             "queue_change_visibility",
             id=int(item.message_id),
@@ -75,9 +84,65 @@ class LocalQueue:
     async def dead_letter(self, item: Received, reason: str) -> None:
         await self.db.execute("queue_dead_letter", id=int(item.message_id), reason=reason[:500])
 
+    async def keep(self, item: Received, delay_s: float) -> None:
+        """Hide it for ``delay_s``: receives never dead-letter a message of this table."""
+        await self.retry_later(item, delay_s)
+
+    # -- dead letters (batchrun.queue.dead) ------------------------------------------------
+
+    async def dead_letters(self, *, limit: int) -> list[DeadLetter]:
+        letters: list[DeadLetter] = []
+        after = 0
+        while len(letters) < limit:
+            rows = await self.db.fetchall(
+                "dead_list", after=after, limit=min(DEAD_PAGE, limit - len(letters))
+            )
+            if not rows:
+                break
+            letters.extend(_letter(r) for r in rows)
+            after = int(rows[-1][0])
+        return letters
+
+    async def redrive_dead(self, ids: Sequence[str] | None, revive: Revive) -> list[DeadLetter]:
+        moved: list[DeadLetter] = []
+        if ids is not None:
+            wanted = sorted({_row_id(i) for i in ids})
+            for start in range(0, len(wanted), DEAD_PAGE):
+                rows = await self.db.fetchall("dead_by_ids", ids=wanted[start : start + DEAD_PAGE])
+                moved.extend(await self._redrive([_letter(r) for r in rows], revive))
+            return moved
+        after = 0
+        while rows := await self.db.fetchall("dead_list", after=after, limit=DEAD_PAGE):
+            after = int(rows[-1][0])
+            moved.extend(await self._redrive([_letter(r) for r in rows], revive))
+        return moved
+
+    async def _redrive(self, letters: list[DeadLetter], revive: Revive) -> list[DeadLetter]:
+        if letters:
+            await revive(letters)
+            await self.db.execute(
+                "dead_redrive", ids=[int(letter.id) for letter in letters], now=now_ms()
+            )
+        return letters
+
+    async def purge_dead(self) -> int:
+        return await self.db.execute("dead_purge")
+
     async def depths(self) -> tuple[int, int | None]:
         row = await self.db.fetchone("queue_depths") or (0, 0)
         return int(row[0]), int(row[1])
 
     async def close(self) -> None:
         """The database is closed by its owner."""
+
+
+def _letter(row: Row) -> DeadLetter:
+    from batchrun.queue.dead import DeadLetter
+
+    return DeadLetter(str(row[0]), str(row[1]), str(row[3] or ""), int(row[2]), int(row[4]))
+
+
+def _row_id(text: str) -> int:
+    if not text.isdigit() or len(text) > 18:
+        raise UsageError(f"--id {text!r}: the local queue's message ids are numbers")
+    return int(text)

@@ -26,6 +26,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from batchrun.errors import ConfigError, QueueError
 from batchrun.queue.base import Received
+from batchrun.queue.sqs_dlq import SqsDeadLetters
 from batchrun.urls import mask_url
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ _GROUP_CHARS = re.compile(r"[^!-~]")  # SQS allows printable ASCII only in a gro
 _ERRORS = (ClientError, BotoCoreError, aiohttp.ClientError, OSError, TimeoutError)
 
 
-class SqsQueue:
+class SqsQueue(SqsDeadLetters):
     """An SQS queue (FIFO when its name ends in ``.fifo``) and the DLQ its redrive names.
 
     Args:

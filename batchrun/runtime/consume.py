@@ -2,10 +2,13 @@
 
 The same processing serves ``batchrun retry`` (drain once), ``batchrun worker`` (until
 SIGTERM) and the SQS-triggered Lambda (its batchItemFailures). Each retry or task message
-names one entity: it is re-checked through the job's page (an entity the page no longer
-returns is skipped, "not eligible any more"), claimed like any other, and worked by the
-same ``Worker``. Counted in entities, not messages: a second message for an entity in the
-same batch, or one for an entity already finished, is deleted without work.
+names one entity: it is re-checked through the job's page, then claimed like any other and
+worked by the same ``Worker``. An entity the page does not return (deleted, deactivated, or
+a task for the wrong period) is dropped, counted ``not_eligible``, with the ledger left as
+it was: it stays eligible for its own period. A message for a job this process does not
+know stays on the queue (``unknown_job``) for a process that knows it. Counted in
+entities, not messages: a second message for an entity in the same batch, or one for an
+entity already finished, is deleted without work.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from batchrun.db.store import FINAL_STATES, Claim, Scope, State
 from batchrun.engine import Runner
@@ -21,7 +24,7 @@ from batchrun.errors import LockTimeoutError
 from batchrun.job import Context, Job
 from batchrun.period import Period
 from batchrun.period import parse as parse_period
-from batchrun.queue.base import PoisonMessage, QueueMessage, Received, backoff_s
+from batchrun.queue.base import PoisonMessage, QueueMessage, Received, UnknownJob, backoff_s
 from batchrun.ratelimit import AdaptiveRate
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.outcomes import Outcome
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 NOT_ELIGIBLE = "not eligible any more"
+UNKNOWN_JOB_DELAY_S = 60.0  # a message for an unknown job waits this long for another process
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,8 @@ class Verdict:
     outcome: State | None = None  # the entity's outcome, when the message named one
     summary: Summary | None = None  # the run a continuation or shard message started
     counted: bool = True  # False for a second message naming an entity already counted
+    not_eligible: bool = False  # the page does not return its entity: dropped, ledger as was
+    unknown_job: str | None = None  # a job this process does not know: kept on the queue
 
 
 async def process(
@@ -66,6 +72,14 @@ async def process(
     for item in items:
         try:
             message = QueueMessage.from_json(item.body, units)
+        except UnknownJob as exc:
+            # Not poison: a process started with that job's --jobs does it.
+            log.info("message %s is for %s: left on the queue", item.message_id, exc)
+            delay = max(UNKNOWN_JOB_DELAY_S, rt.settings.lease_s)
+            verdicts[item.message_id] = Verdict(
+                "later", str(exc), delay_s=delay, counted=False, unknown_job=exc.job
+            )
+            continue
         except PoisonMessage as exc:
             log.error("poison message %s: %s", item.message_id, exc)
             verdicts[item.message_id] = Verdict("poison", f"poison: {exc}")
@@ -136,7 +150,7 @@ async def _entities(
                 job, period, lease=lease, stop=stop, limiter=limiter, breaker=rt.breaker
             )
             scope = Scope(job.name, str(ctx.once), str(period))
-            outcomes, claims, lost = await _work(
+            outcomes, claims, lost, gone = await _work(
                 rt, job, ctx, scope, lease, limiter, entries, options
             )
             opened = rt.breaker.open
@@ -151,6 +165,10 @@ async def _entities(
             verdicts[received.message_id] = Verdict("delete", counted=False)  # a duplicate
             continue
         seen.add(uid)
+        if uid in gone:
+            log.info("%s %s: entity %d is not eligible: dropped", job.name, period, uid)
+            verdicts[received.message_id] = Verdict("delete", NOT_ELIGIBLE, not_eligible=True)
+            continue
         verdicts[received.message_id] = _verdict(
             rt, outcomes.get(uid), claims.get(uid), lost=uid in lost
         )
@@ -166,34 +184,38 @@ async def _work(
     limiter: AdaptiveRate | None,
     entries: list[tuple[Received, QueueMessage]],
     options: Options,
-) -> tuple[dict[int, Outcome], dict[int, Claim], set[int]]:
+) -> tuple[dict[int, Outcome], dict[int, Claim], set[int], set[int]]:
+    """Outcomes of the entities worked, the ledger rows, the claims lost, and the entities
+    the page does not return."""
     assert rt.queue is not None
     ids = sorted({m.entity_id for _, m in entries})
     before = await rt.store.claims_of(scope, ids)
     todo = [uid for uid in ids if (c := before.get(uid)) is None or c.state not in FINAL_STATES]
     claims = dict(before)
     if not todo:
-        return {}, claims, set()
+        return {}, claims, set(), set()
+    # Re-checked before any claim: an entity the page does not return leaves no trace in
+    # the ledger, so a task for the wrong period cannot finish it for its own.
+    rows: dict[int, dict[str, Any]] = {}
+    for uid in todo:
+        row = await recheck(job, ctx, uid)
+        if row is not None:
+            rows[uid] = row
+    gone = {uid for uid in todo if uid not in rows}
+    todo = [uid for uid in todo if uid in rows]
+    if not todo:
+        return {}, claims, set(), gone
     try:
         claims.update(await lease.claim(scope, todo, [u for u in todo if u not in before]))
     except LockTimeoutError as exc:
         # Another session holds these ledger rows: their messages come back later.
         log.warning("%s %s: ledger rows locked, retried later: %s", job.name, scope.period, exc)
-        return {}, claims, set()
+        return {}, claims, set(), gone
     mine = [u for u in todo if claims[u].owner == lease.me and claims[u].state not in FINAL_STATES]
     outcomes: dict[int, Outcome] = {}
     recorder = Recorder(rt.store, rt.queue, lease, summary=None, enqueue=False)
-    items: list[Item] = []
-    gone: list[Item] = []
-    for uid in mine:
-        claim = claims[uid]
-        row = await recheck(job, ctx, uid)
-        item = Item(scope, uid, row or {}, claim.attempts, claim.queued)
-        (items if row is not None else gone).append(item)
+    items = [Item(scope, uid, rows[uid], claims[uid].attempts, claims[uid].queued) for uid in mine]
     try:
-        for item in gone:  # deleted, deactivated, no longer selected: nothing to do
-            outcomes[item.id] = Outcome(State.SKIPPED, NOT_ELIGIBLE)
-            await recorder.record(item, outcomes[item.id])
         if items:
             await prepare(job, ctx, [i.row for i in items])
         worker = _worker(rt, job, ctx, lease, recorder, limiter, outcomes)
@@ -209,7 +231,7 @@ async def _work(
     leftover = [i.id for i in [*result.not_started, *result.cancelled, *worker.unstarted]]
     lease.let_go(scope, leftover)  # first, as the recorder does (a heartbeat in between)
     await rt.store.release(scope, ids=leftover, me=lease.me)
-    return outcomes, claims, {i.id for i in worker.lost}
+    return outcomes, claims, {i.id for i in worker.lost}, gone
 
 
 def _worker(
@@ -237,6 +259,7 @@ def _worker(
         policy=rt.policy(job),
         at_once=False,  # a retry's failure backs off (or waits the delay it asked for)
         on_outcome=note,
+        bugs=rt.bugs,
     )
 
 

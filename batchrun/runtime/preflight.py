@@ -1,10 +1,10 @@
 """Preflight: before a run has any effect, check what it will use.
 
-The job's tables (``Job.requires``), the retry queue (its table, or the SQS queue and its
-dead-letter queue) and the mailer (an SMTP session opened and closed, the outbox
-writable, SES answering). A broken setup then costs one line naming the part and the
-cause, exit 1, with nothing claimed, created or queued, instead of a card and a queued
-retry per entity and the cause buried in ``batchrun status``::
+The job's email templates (compiled), its tables (``Job.requires``), the retry queue (its
+table, or the SQS queue and its dead-letter queue) and the mailer (an SMTP session opened
+and closed, the outbox writable, SES answering). A broken setup then costs one line naming
+the part and the cause, exit 1, with nothing claimed, created or queued, instead of a card
+and a queued retry per entity and the cause buried in ``batchrun status``::
 
     mail: cannot connect to smtp://127.0.0.1:2599: Connection refused
     mail: cannot write to notadir: Not a directory
@@ -16,17 +16,54 @@ once), which is why a dry run, which sends nothing, checks the tables and the qu
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from batchrun.db.store import Store
-from batchrun.errors import BatchrunError, MailConnectionError, NotMigratedError, QueueError
+from batchrun.errors import (
+    BatchrunError,
+    JobError,
+    MailConnectionError,
+    NotMigratedError,
+    QueueError,
+    TemplateError,
+)
 from batchrun.job import Job
 from batchrun.mail.base import Mailer
 from batchrun.queue.base import RetryQueue
 from batchrun.urls import mask_text
 
+if TYPE_CHECKING:
+    from batchrun.engine import StopToken
+    from batchrun.templates import Templates
+
 log = logging.getLogger(__name__)
+
+
+def compile_templates(
+    templates: Templates, job: Job, folder: Path | None, override: str | None
+) -> None:
+    """Compile every template of ``job``: those in its folder (``folder``, else its own)
+    and, in ``override`` (``--templates``), one named after the job; with what they
+    extend or include. A dry run does it too.
+
+    Raises:
+        JobError: a template is missing a part or does not compile (one line, exit 1).
+    """
+    from batchrun.templates import job_folder, template_names
+
+    names = set(template_names(folder or job_folder(job)))
+    if override is not None and job.name in template_names(Path(override)):
+        names.add(job.name)
+    for name in sorted(names):
+        try:
+            templates.load(name)
+        except TemplateError as exc:
+            raise JobError(f"job {job.name!r}: {exc}") from exc
 
 
 async def check_tables(store: Store, jobs: Iterable[Job]) -> None:
@@ -61,3 +98,36 @@ async def check_mailer(mailer: Mailer, *urls: str | None) -> None:
         await check()
     except BatchrunError as exc:
         raise MailConnectionError(mask_text(f"mail: {exc}", *urls)) from exc
+
+
+async def wait_until_usable(
+    check: Callable[[], Awaitable[None]],
+    stop: StopToken,
+    *,
+    first_s: float = 1.0,
+    max_s: float = 30.0,
+) -> bool:
+    """Run ``check`` until it passes: while it raises MailConnectionError or QueueError
+    (the mail server or the queue is down), wait ``first_s``, doubling up to ``max_s``, and
+    try again. One log line when it starts failing (and per new cause), one when it passes
+    again. False when ``stop`` came first. A worker starts this way: a supervisor need not
+    restart it until the mail server is up.
+    """
+    pause = first_s
+    failing: str | None = None
+    while True:
+        try:
+            await check()
+        except (MailConnectionError, QueueError) as exc:
+            if str(exc) != failing:
+                failing = str(exc)
+                log.warning("%s; waiting for it (checking again up to every %.0f s)", exc, max_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait_stopping(), timeout=pause)
+            if stop.stopping:
+                return False
+            pause = min(max_s, pause * 2)
+            continue
+        if failing is not None:
+            log.warning("the checks pass again: serving")
+        return True

@@ -45,10 +45,14 @@ class Summary(_Report):
     duration_s: float = 0.0
     counters: dict[str, int] = field(default_factory=dict)  # the job's ctx.count names
     month: str | None = None  # a month job's period, under the name batchrun 0.1 used
+    error: str | None = None  # why the run ended on an error (a bug in the job), one line
 
     @property
     def exit_code(self) -> int:
-        """0 all done; 3 some entities wait for a retry (or could not be queued)."""
+        """0 all done; 3 some entities wait for a retry (or could not be queued); 1 the
+        run stopped on an error (``error``)."""
+        if self.error is not None:
+            return 1
         return 3 if self.queued_for_retry or self.not_queued else 0
 
     def count(self, name: str, n: int) -> None:
@@ -66,6 +70,8 @@ class Summary(_Report):
         counters = data.pop("counters")
         if data["month"] is None:
             del data["month"]
+        if data["error"] is None:
+            del data["error"]
         data.update(counters)
         return data
 
@@ -87,11 +93,37 @@ class RetrySummary(_Report):
     remaining: int = 0
     requeued: int = 0  # ledger failures whose retry message was re-sent
     lost_claims: int = 0
+    not_eligible: int = 0  # tasks and retries whose entity the page does not return: dropped
+    unknown_job: int = 0  # messages for jobs this process does not know: left on the queue
     duration_s: float = 0.0
+    unknown_jobs: set[str] = field(default_factory=set)  # their names (not in the JSON)
+    error: str | None = None  # why the drain stopped on an error (a bug in a job)
 
     @property
     def exit_code(self) -> int:
+        """1 when it stopped on a bug, or messages wait for a job this process does not
+        know (give its --jobs); 3 when some entities failed; else 0."""
+        if self.unknown_job or self.error is not None:
+            return 1
         return 3 if self.failed else 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = super().to_json()
+        del data["unknown_jobs"]
+        if data["error"] is None:
+            del data["error"]
+        return data
+
+    def unknown_line(self) -> str | None:
+        """The one line saying which jobs' messages were left on the queue, if any."""
+        if not self.unknown_job:
+            return None
+        names = ", ".join(repr(name) for name in sorted(self.unknown_jobs))
+        return (
+            f"{self.unknown_job} messages for job {names}, which this process does not know, "
+            "were left on the queue: give the module that defines it with --jobs "
+            "(BATCHRUN_JOBS)"
+        )
 
     def add_run(self, summary: Summary) -> None:
         """Count what a continuation or shard run reached."""

@@ -24,6 +24,7 @@ from batchrun.mail.base import valid_address
 from batchrun.period import Period
 from batchrun.policy.pacing import BREAKER_REASON, CircuitBreaker
 from batchrun.queue.base import QueueMessage
+from batchrun.runtime.bugs import BugStreak
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.outcomes import Outcome
 from batchrun.runtime.pager import LoadGate, Pager, page, unfinished
@@ -138,6 +139,7 @@ async def _run(
     scope = scope_of(ctx)
     gate = _load_gate(rt, options, stop)
     recorder = Recorder(rt.store, rt.queue, lease, summary=summary, enqueue=True)
+    bugs = BugStreak(rt.settings.bug_threshold)
     runner: Runner[Item] = Runner(
         concurrency=options.concurrency,
         stop=stop,
@@ -170,6 +172,7 @@ async def _run(
         policy=rt.policy(job),
         at_once=True,  # a run's failures: available to `batchrun retry` at once
         on_outcome=counted,
+        bugs=bugs,
     )
     pager = Pager(
         job,
@@ -206,10 +209,15 @@ async def _run(
             await rt.store.release(scope, ids=ids, me=lease.me)
             summary.left_pending += len(leftover)
             released = leftover
+        if bugs.tripped is not None:
+            # Like the breaker, but the rest waits for a fixed job: released, not queued,
+            # and no hand-off (a continuation would only meet the bug again).
+            summary.error = bugs.tripped
         if stop.stopping and summary.stopped is None:
             summary.stopped = stop.reason or "stopped"
-        if (breaker.open and options.breaker_handoff) or (
-            stop.stopping and not breaker.open and options.handoff
+        if bugs.tripped is None and (
+            (breaker.open and options.breaker_handoff)
+            or (stop.stopping and not breaker.open and options.handoff)
         ):
             await _hand_off(rt, job, period, options, summary, pager, released, until)
     finally:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchrun.db.store import MAX_ID, Scope, Store
 from batchrun.engine import StopToken
-from batchrun.errors import NotMigratedError
+from batchrun.errors import NotMigratedError, UsageError
 from batchrun.job import Context, Job
 from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
@@ -22,8 +22,10 @@ from batchrun.policy.retry import RetryPolicy
 from batchrun.queue.base import QueueMessage, Received, RetryQueue
 from batchrun.ratelimit import AdaptiveRate
 from batchrun.runtime import consume, inspect, preflight
+from batchrun.runtime.bugs import BugStreak
 from batchrun.runtime.consume import Verdict
 from batchrun.runtime.lease import Lease
+from batchrun.runtime.pager import recheck
 from batchrun.runtime.reports import FanOut, RetrySummary, Summary
 from batchrun.runtime.run import Options, run_period
 from batchrun.runtime.sending import Sender, make_limiter
@@ -73,6 +75,8 @@ class Runtime:
         self._retry_limiter_made = False
         # One breaker for the queue consumers: connection failures count across batches.
         self.breaker = CircuitBreaker(settings.breaker_threshold)
+        # One streak for the queue consumers too: a bug shows across batches.
+        self.bugs = BugStreak(settings.bug_threshold)
         self._warned_unsubscribe = False
         self._checked: list[object] = []  # the backends preflight found usable
 
@@ -92,6 +96,12 @@ class Runtime:
             found = Templates([p for p in (override, folder, DEFAULTS) if p is not None])
             self._templates[job.name] = found
         return found
+
+    def compile_templates(self, job: Job) -> None:
+        """Compile every template ``job`` has, before anything is claimed or sent (see
+        ``preflight.compile_templates``)."""
+        folder = self._templates_dirs.get(job.name)
+        preflight.compile_templates(self.templates(job), job, folder, self.settings.templates_dir)
 
     def context(
         self,
@@ -180,6 +190,7 @@ class Runtime:
     ) -> Summary:
         """Run ``job`` (default: the first) over ``period``, ids in (after, until]."""
         which = self._job(job)
+        self.compile_templates(which)
         if not dry_run:
             await self.preflight(which)
         return await run_period(
@@ -202,10 +213,23 @@ class Runtime:
         return await fan_out(self, self._job(job), period, queue, shard_size=shard_size)
 
     async def submit(self, job: Job | str, period: Period, ids: Sequence[int]) -> int:
-        """Queue one task per entity for the consumers; return how many were queued."""
+        """Queue one task per entity for the consumers; return how many were queued.
+
+        Raises:
+            UsageError: the job's page does not return some of ``ids`` for ``period``
+                (naming them); nothing is queued.
+        """
         assert self.queue is not None
         which = self._job(job)
         await self.preflight(which)
+        ctx, _ = self.context(which, period, dry_run=True)
+        absent = [i for i in dict.fromkeys(ids) if await recheck(which, ctx, i) is None]
+        if absent:
+            shown = ", ".join(str(i) for i in absent[:20]) + (" …" if len(absent) > 20 else "")
+            raise UsageError(
+                f"{which.name} {period}: the job's page does not return id {shown} "
+                "(not eligible for this period); nothing queued"
+            )
         bodies = [QueueMessage("task", which.name, str(period), entity_id=i).to_json() for i in ids]
         for start in range(0, len(bodies), SEND_BATCH):
             await self.queue.send(bodies[start : start + SEND_BATCH])
@@ -268,7 +292,11 @@ class Runtime:
             if not items:
                 break
             received += len(items)
-            if await self._settle(items, options, result, visibility):
+            broken = await self._settle(items, options, result, visibility)
+            if self.bugs.tripped is not None:
+                result.error = self.bugs.tripped
+                break
+            if broken:
                 # The mail backend is unreachable: the rest waits for a later drain,
                 # instead of burning its attempts against a backend that is down.
                 log.error("mail backend unreachable: the drain stops; run `batchrun retry` later")
@@ -291,12 +319,17 @@ class Runtime:
         tasks and continuations, each message kept invisible while it is worked on.
 
         A mail outage does not end the worker: it backs off (1 s, doubling to 30 s) and
-        polls on, so a supervisor never has to restart it.
+        polls on, so a supervisor never has to restart it; one at its start (the mail
+        server or the queue failing their checks) makes it wait the same way.
         """
         options = options or Options()
         started = time.monotonic()
-        await self.preflight(queue=queue)
         result = RetrySummary()
+        checked = await preflight.wait_until_usable(
+            lambda: self.preflight(queue=queue), self.stop, max_s=OUTAGE_BACKOFF_S[1]
+        )
+        if not checked:
+            return result  # stopped while the mail server (or the queue) was down
         idle_since = time.monotonic()
         requeued_at = 0.0
         outage = 0
@@ -310,8 +343,18 @@ class Runtime:
                     break
                 await self._sleep(IDLE_POLL_S)
                 continue
+            known = set(result.unknown_jobs)
             broken = await self._settle(items, options, result, visibility_s, queue=queue)
             idle_since = time.monotonic()
+            if self.bugs.tripped is not None:
+                result.error = self.bugs.tripped  # like a crash: a supervisor sees exit 1
+                break
+            for name in sorted(result.unknown_jobs - known):
+                log.warning(
+                    "messages for job %r, which this worker does not know, stay on the queue: "
+                    "give its module with --jobs",
+                    name,
+                )
             if broken:
                 pause = min(OUTAGE_BACKOFF_S[1], OUTAGE_BACKOFF_S[0] * 2**outage)
                 outage += 1
@@ -355,6 +398,8 @@ class Runtime:
             _count(result, verdict)
             if verdict.action == "delete":
                 done.append(item)
+            elif verdict.action == "later" and verdict.unknown_job is not None:
+                await queue.keep(item, verdict.delay_s)
             elif verdict.action == "later":
                 await queue.retry_later(item, verdict.delay_s)
             else:
@@ -408,6 +453,11 @@ def _count(result: RetrySummary, verdict: Verdict) -> None:
     """Add one processed message's verdict to the totals, in entities."""
     if verdict.summary is not None:
         result.add_run(verdict.summary)
+    elif verdict.unknown_job is not None:
+        result.unknown_job += 1
+        result.unknown_jobs.add(verdict.unknown_job)
+    elif verdict.not_eligible:
+        result.not_eligible += 1
     elif verdict.action == "poison":
         result.processed += 1  # a message that named no entity, dead-lettered unworked
         result.poison += 1

@@ -12,6 +12,7 @@ from batchrun.job import Context, Job
 from batchrun.policy.pacing import CircuitBreaker
 from batchrun.policy.retry import RetryPolicy
 from batchrun.ratelimit import AdaptiveRate
+from batchrun.runtime.bugs import BugStreak
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.outcomes import SUCCEEDED, Classified, Outcome, classify
 from batchrun.runtime.recorder import Item, Recorder
@@ -35,6 +36,7 @@ class Worker:
         policy: RetryPolicy | None = None,
         at_once: bool = True,
         on_outcome: Callable[[Item, Outcome], None] | None = None,
+        bugs: BugStreak | None = None,
     ) -> None:
         self.job = job
         self.ctx = ctx
@@ -46,6 +48,7 @@ class Worker:
         self.policy = policy or RetryPolicy()  # resolved: the job's over the deployment's
         self.at_once = at_once  # a run's failures are retried at once; a consumer's back off
         self.on_outcome = on_outcome
+        self.bugs = bugs  # the same error for many entities in a row stops the work
         self.unstarted: list[Item] = []  # not attempted (stopped, breaker open): the caller's
         self.lost: list[Item] = []
 
@@ -64,8 +67,15 @@ class Worker:
         elif self.lease.is_lost(item.scope, item.id):
             self.lost.append(item)  # the heartbeat the fence waited for found it taken
             return
+        elif self.bugs is not None and not await self.bugs.admit():
+            self.unstarted.append(item)  # a bug stopped the work: left for a fixed job
+            return
         else:
-            outcome = await self._process(item)
+            try:
+                outcome = await self._process(item)
+            finally:
+                if self.bugs is not None:
+                    await self.bugs.done()
         # The ledger counts attempts: the run's first one, then one per retry.
         outcome = self.policy.settle(outcome, item.attempts, at_once=self.at_once)
         if self.on_outcome is not None:
@@ -76,9 +86,17 @@ class Worker:
         try:
             await self.job.process(self.ctx.entity(item.id), item.row)
         except Exception as exc:
+            self._bug(exc)
             return self._failed(exc)
         self.breaker.success()
+        if self.bugs is not None:
+            self.bugs.success()
         return SUCCEEDED
+
+    def _bug(self, exc: Exception) -> None:
+        if self.bugs is not None and self.bugs.failure(exc, job=self.job.name):
+            log.info("%s", self.bugs.tripped)  # the command says it once, at its end
+            self.stop.request("bug in the job")
 
     def _failed(self, exc: Exception) -> Outcome:
         outcome = classify(exc)  # settled by the policy in ``work``

@@ -1,0 +1,115 @@
+"""Bugs stop fast: the same non-transient error for many entities in a row is the job's
+bug, not an outage, so the run stops instead of queueing every entity for a retry.
+
+An error's signature is its type and where it was raised (the innermost frame of its
+traceback); a template error's is its one line, which names the template and the
+variable. Transient errors have none: batchrun's own (mail, database, queue), a job's
+verdicts (Skip, Retry, Fail), OSError and TimeoutError, httpx's. ``BATCHRUN_BUG_THRESHOLD``
+(default 10) entities in a row with one signature trip the streak; any other outcome in
+between (a success, a skip, another error) starts it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from types import TracebackType
+
+from batchrun.errors import BatchrunError, TemplateError
+from batchrun.job import Skip, Verdict
+from batchrun.urls import mask_url
+
+Signature = tuple[str, str]
+
+
+def signature(exc: BaseException) -> Signature | None:
+    """The error's (type, origin), or None for an error that may pass by itself."""
+    if isinstance(exc, TemplateError):
+        return type(exc).__qualname__, str(exc)
+    if isinstance(exc, BatchrunError | Verdict | OSError | TimeoutError):
+        return None
+    httpx = sys.modules.get("httpx")
+    if httpx is not None and isinstance(exc, httpx.HTTPError):
+        return None
+    return type(exc).__qualname__, _origin(exc.__traceback__)
+
+
+def _origin(tb: TracebackType | None) -> str:
+    if tb is None:
+        return "?"
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+
+
+class BugStreak:
+    """Counts consecutive entities that failed with one signature, and admits entities so
+    that a bug touches at most ``threshold`` of them whatever the concurrency: until the
+    first success, and while a streak is building, attempts in flight plus the streak
+    stay below the threshold."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.count = 0
+        self.in_flight = 0
+        self.proven = False  # an entity succeeded (since the last bug failure)
+        self._signature: Signature | None = None
+        self._changed: asyncio.Condition | None = None
+        self.tripped: str | None = None  # the one line saying what the bug is, once tripped
+
+    def _open(self) -> bool:
+        return (self.proven and self.count == 0) or self.in_flight + self.count < self.threshold
+
+    async def admit(self) -> bool:
+        """Wait for room to attempt one entity; False once the streak has tripped."""
+        if self.tripped is None and not self._open():
+            if self._changed is None:
+                self._changed = asyncio.Condition()
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.tripped is not None or self._open())
+        if self.tripped is not None:
+            return False
+        self.in_flight += 1
+        return True
+
+    async def done(self) -> None:
+        """One admitted attempt has its outcome (counted by ``success`` or ``failure``)."""
+        self.in_flight -= 1
+        if self._changed is not None:
+            async with self._changed:
+                self._changed.notify_all()
+
+    def success(self) -> None:
+        self.proven = True
+        self.count = 0
+        self._signature = None
+
+    def failure(self, exc: BaseException, *, job: str) -> bool:
+        """Count one entity's error; True when this one tripped the streak."""
+        found = signature(exc)
+        if found is None:
+            if isinstance(exc, Skip):
+                self.proven = True  # the job's code ran and decided
+            self.count = 0  # not a bug: the streak starts again
+            self._signature = None
+            return False
+        self.proven = False
+        if found == self._signature:
+            self.count += 1
+        else:
+            self._signature, self.count = found, 1
+        if self.tripped is None and self.count >= self.threshold:
+            where = "" if isinstance(exc, TemplateError) else f" at {_short_origin(found[1])}"
+            text = mask_url(str(exc)).splitlines()[0][:200] if str(exc) else ""
+            self.tripped = (
+                f"job {job!r} has a bug: {found[0]}: {text}{where} "
+                f"({self.count} entities in a row); stopped, those queued for retry, "
+                "the rest left pending"
+            )
+            return True
+        return False
+
+
+def _short_origin(origin: str) -> str:
+    path, _, line = origin.rpartition(":")
+    return f"{path.rsplit('/', 1)[-1]}:{line}"
