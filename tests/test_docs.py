@@ -35,7 +35,7 @@ import pytest
 import typer
 from conftest import ROOT
 
-from batchrun.cli import app
+from batchrun.cli import GLOBAL_VALUES, app, hoist_global_options
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 WITH_DEMO_DB = {"README.md", "operations.md"}
@@ -134,7 +134,11 @@ def _check_help(block: Block) -> None:
             if not words or words[0] != "batchrun":
                 continue
             path: list[str] = []
-            rest = words[1:]
+            rest = hoist_global_options(words[1:])
+            while rest and rest[0].startswith("-"):  # global options: the root help has them
+                option = rest.pop(0)
+                if option in GLOBAL_VALUES and rest:
+                    rest.pop(0)
             while rest and not rest[0].startswith("-") and _is_command([*path, rest[0]]):
                 path.append(rest.pop(0))
             assert path, f"{block}: no command in {command!r}"
