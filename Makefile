@@ -65,6 +65,11 @@ clean:
 email-picture: install  ## docs/birthday-email.png, the README's picture of the default email (needs chromium)
 	$(BIN)/python docs/email_picture.py
 
+.PHONY: dashboard-picture
+
+dashboard-picture: install  ## docs/dashboard.png, the README's picture of `batchrun ui` during a run (needs chromium and chromium-driver)
+	$(BIN)/python docs/dashboard_picture.py
+
 .PHONY: bench bench-quick bench-migrate
 
 bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling, then bench-migrate (MariaDB on 127.0.0.1:3306)
@@ -104,9 +109,19 @@ SOAK_USERS ?= 1000000
 SOAK_ALL_IN_MONTH ?= 1
 SOAK_LEASE_S ?= 3
 SOAK_HEARTBEAT_FAIL ?= 0.3
+# tests/test_soak_skew.py: per iteration two runs through a TCP proxy dropping a share
+# SOAK_DROP_CHANCE of the replies to batchrun's and the job's statements, the second under
+# `faketime -f SOAK_SKEW` (past its lease of SOAK_SKEW_LEASE_S seconds), on MariaDB and
+# PostgreSQL. SOAK_TESTS picks the files (e.g. SOAK_TESTS=tests/test_soak_skew.py).
+SOAK_SKEW ?= +5s
+SOAK_SKEW_LEASE_S ?= 4
+SOAK_DROP_CHANCE ?= 0.02
+SOAK_TESTS ?= tests/test_soak.py tests/test_soak_skew.py
 
 .PHONY: soak
-soak: install  ## long fault injection: 100 crash iterations per database (and 100 more with a 3 s lease and 30% of heartbeats failing), 1M users with 1% temporary failures (MariaDB)
+soak: install  ## long fault injection: 100 crash iterations per database (and 100 more with a 3 s lease and 30% of heartbeats failing, and 100 with a skewed clock and lost replies), 1M users with 1% temporary failures (MariaDB)
 	BATCHRUN_SOAK=1 BATCHRUN_SOAK_ITERATIONS=$(SOAK_ITERATIONS) BATCHRUN_SOAK_USERS=$(SOAK_USERS) \
 	BATCHRUN_SOAK_ALL_IN_MONTH=$(SOAK_ALL_IN_MONTH) BATCHRUN_SOAK_LEASE_S=$(SOAK_LEASE_S) \
-	BATCHRUN_SOAK_HEARTBEAT_FAIL=$(SOAK_HEARTBEAT_FAIL) $(BIN)/python -m pytest tests/test_soak.py -v -s -rA
+	BATCHRUN_SOAK_HEARTBEAT_FAIL=$(SOAK_HEARTBEAT_FAIL) BATCHRUN_SOAK_SKEW=$(SOAK_SKEW) \
+	BATCHRUN_SOAK_SKEW_LEASE_S=$(SOAK_SKEW_LEASE_S) BATCHRUN_SOAK_DROP_CHANCE=$(SOAK_DROP_CHANCE) \
+	$(BIN)/python -m pytest $(SOAK_TESTS) -v -s -rA

@@ -51,6 +51,8 @@ from batchrun.period import parse as parse_period
 from batchrun.queue.base import Received
 from batchrun.registry import Registry, builtin_modules, discover, parse_specs
 from batchrun.runtime import Options, Runtime, Summary, Verdict
+from batchrun.runtime.history import CANCELLED
+from batchrun.runtime.runrecord import RunRecord
 from batchrun.secrets import database_url, forget
 from batchrun.settings import Settings
 from batchrun.urls import mask_text
@@ -160,8 +162,7 @@ async def _handle(
         ) as backends:
             runtime = _runtime(registry, backends, settings, stop)
             summaries = [
-                await runtime.run(period, options, job=name, dry_run=dry_run)
-                for name, period in runs
+                await _run(runtime, name, period, options, dry_run) for name, period in runs
             ]
         metrics: dict[str, float] = {}
         for summary in summaries:
@@ -175,6 +176,19 @@ async def _handle(
         await asyncio.gather(watcher, return_exceptions=True)
         if registry is not None:
             await _close_jobs(registry)
+
+
+async def _run(
+    runtime: Runtime, name: str, period: Period, options: Options, dry_run: bool
+) -> Summary:
+    """One run of the invocation, with its history row (none for a dry run)."""
+    if dry_run:
+        return await runtime.run(period, options, job=name, dry_run=True)
+    async with RunRecord(runtime, kind="lambda", job=name, period=str(period)) as record:
+        summary = await runtime.run(period, options, job=name)
+        code = 130 if summary.stopped == CANCELLED else summary.exit_code
+        await record.end(code, summary.to_json(), stopped=summary.stopped)
+    return summary
 
 
 async def _http(
@@ -296,7 +310,7 @@ async def _sqs(
     ses = [_is_mail_event(r, events_queue) for r in records]
     if any(ses):
         failures, metrics["MailEvents"] = await _mail_events(
-            settings, [item for item, yes in zip(items, ses, strict=True) if yes]
+            settings, registry, stop, [item for item, yes in zip(items, ses, strict=True) if yes]
         )
         items = [item for item, yes in zip(items, ses, strict=True) if not yes]
         if not items:
@@ -311,8 +325,11 @@ async def _sqs(
     ) as backends:
         assert backends.queue is not None
         runtime = _runtime(registry, backends, settings, stop)
-        await runtime.requeue_unqueued()
-        verdicts = await runtime.process(items, options)
+        async with RunRecord(runtime, kind="lambda") as record:
+            await runtime.requeue_unqueued()
+            verdicts = await runtime.process(items, options)
+            failed = sum(1 for v in verdicts.values() if v.action != "delete")
+            await record.end(3 if failed else 0, {"messages": len(items), "failed": failed})
         for item in items:
             verdict = verdicts.get(item.message_id, Verdict("later"))
             _add(metrics, verdict)
@@ -348,12 +365,15 @@ def _is_mail_event(record: Mapping[str, Any], events_queue: str) -> bool:
 
 
 async def _mail_events(
-    settings: Settings, items: list[Received]
+    settings: Settings, registry: Registry, stop: StopToken, items: list[Received]
 ) -> tuple[list[dict[str, str]], float]:
     """Apply SES event records; the poison ones are reported failed (redrive)."""
     summary = mail_events.EventsSummary()
     async with open_backends(settings) as backends:
-        _, poison = await mail_events.apply_items(backends.store, items, summary)
+        runtime = _runtime(registry, backends, settings, stop)
+        async with RunRecord(runtime, kind="lambda") as record:
+            _, poison = await mail_events.apply_items(backends.store, items, summary)
+            await record.end(summary.exit_code, summary.to_json())
     log.info("SES events: %s", json.dumps(summary.to_json()))
     return [{"itemIdentifier": item.message_id} for item, _ in poison], float(len(items))
 

@@ -7,7 +7,8 @@
     │   └── TemplateError            an email template is missing, broken or lacks a variable
     ├── DatabaseError                the database failed or cannot be reached
     │   ├── NotMigratedError         batchrun's tables are missing: run `batchrun db migrate`
-    │   └── LockTimeoutError         a row lock another session holds did not come free in time
+    │   ├── LockTimeoutError         rolled back on a lock wait, deadlock or serialization failure
+    │   └── OutcomeUnknownError      a job's statement lost its reply: it may or may not have run
     ├── MailError                    a message could not be sent; carries a reason
     │   ├── TemporaryMailError       worth retrying later (4xx, timeout, throttling)
     │   │   ├── MailConnectionError  the backend itself is unreachable (feeds the breaker)
@@ -59,7 +60,14 @@ class NotMigratedError(DatabaseError):
 
 
 class LockTimeoutError(DatabaseError):
-    """A statement gave up waiting for a row lock another session holds (MySQL 1205)."""
+    """A statement was rolled back on a lock wait, a deadlock or a serialization failure
+    (MySQL 1205 / 1213, PostgreSQL 55P03 / 40P01 / 40001) more times than it went again."""
+
+
+class OutcomeUnknownError(DatabaseError):
+    """The connection was lost after a job's statement was sent and before its reply: it
+    may have run or not. batchrun never runs it again; the entity is retried as a whole
+    (the job's own keys make that safe) and counted ``unknown_outcome``."""
 
 
 class MailError(BatchrunError):

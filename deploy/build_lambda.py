@@ -50,8 +50,10 @@ ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "setup.py", "setup.cfg")
 LAMBDA_TASK_ROOT = "/var/task"
 # Distributions pip resolves for batchrun[aws] that the handler never imports: the CLI's
-# (typer, rich) and what they pull in, and boto3's S3 transfer manager.
+# (typer, rich) and what they pull in, prometheus-client (`batchrun metrics` and the
+# dashboard only), and boto3's S3 transfer manager.
 LEFT_OUT = (
+    "prometheus-client",
     "typer",
     "click",
     "rich",

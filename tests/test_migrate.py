@@ -31,7 +31,14 @@ from batchrun.jobs.birthday import Birthday, demo
 from batchrun.jobs.month import Month
 from batchrun.runtime import Options
 
-BATCHRUN_TABLES = {"batchrun_schema", "batchrun_ledger", "batchrun_queue", "batchrun_suppression"}
+BATCHRUN_TABLES = {
+    "batchrun_schema",
+    "batchrun_ledger",
+    "batchrun_queue",
+    "batchrun_suppression",
+    "batchrun_run",
+    "batchrun_control",
+}
 USER_COLUMNS = "id, first_name, last_name, email, date_of_birth, status"
 CARD_COLUMNS = "id, recipient_email, message, status, scheduled_at, gift_code"
 INDEX = "idx_user_birth_month_status_id"

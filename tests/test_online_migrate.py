@@ -25,7 +25,14 @@ from batchrun.cli import app
 from batchrun.db.sqlite import sqlite_path
 from bench.migrate_stall import USER_TABLE, Writer, run_migration, seed_user_table
 
-BATCHRUN_TABLES = {"batchrun_schema", "batchrun_ledger", "batchrun_queue", "batchrun_suppression"}
+BATCHRUN_TABLES = {
+    "batchrun_schema",
+    "batchrun_ledger",
+    "batchrun_queue",
+    "batchrun_suppression",
+    "batchrun_run",
+    "batchrun_control",
+}
 STALL_ROWS = 200_000
 MAX_WAIT_S = 0.5  # the bound for any application write during the migration
 

@@ -5,6 +5,11 @@ jobs.py    birthday, run, jobs, submit, preview
 queue.py   retry, worker
 dead.py    dead list / redrive / purge
 status.py  status
+runs.py    runs, and status with no job (the overview)
+steer.py   pause, resume, cancel
+why.py     why (one entity's story)
+metrics.py metrics (Prometheus text)
+ui.py      ui (the dashboard, batchrun[ui])
 suppress.py  suppress add / remove / list, unsubscribe
 db.py      db migrate, db seed, db explain
 new.py     new (a job, its templates and its test)
@@ -18,7 +23,22 @@ import sys
 
 import typer
 
-from batchrun.cli import conventions, db, dead, events, jobs, new, queue, status, suppress
+from batchrun.cli import (
+    conventions,
+    db,
+    dead,
+    events,
+    jobs,
+    metrics,
+    new,
+    queue,
+    runs,
+    status,
+    steer,
+    suppress,
+    ui,
+    why,
+)
 from batchrun.cli.app import app
 
 try:  # typer 0.2x vendors click; older releases use click itself
@@ -26,7 +46,23 @@ try:  # typer 0.2x vendors click; older releases use click itself
 except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
-__all__ = ["app", "db", "dead", "events", "jobs", "main", "new", "queue", "status", "suppress"]
+__all__ = [
+    "app",
+    "db",
+    "dead",
+    "events",
+    "jobs",
+    "main",
+    "metrics",
+    "new",
+    "queue",
+    "runs",
+    "status",
+    "steer",
+    "suppress",
+    "ui",
+    "why",
+]
 
 conventions.apply(app)  # every command is registered by now: metavars, defaults, reflow
 

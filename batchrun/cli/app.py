@@ -18,6 +18,12 @@ from typing import Annotated, Any, Literal
 
 import typer
 from rich.logging import RichHandler
+from rich.text import Text
+
+try:  # typer 0.2x vendors click; older releases use click itself
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from batchrun import __version__
 from batchrun.backends import Backends
@@ -232,21 +238,34 @@ def rate_option(value: str | None) -> float | Literal["auto"] | None:
         raise typer.BadParameter(str(exc), param_hint="--rate") from None
 
 
+def error_text(context: Context, exc: BaseException) -> str:
+    """The one line an error is told in: its message, every URL's password masked; an
+    error batchrun did not expect is named by its type too."""
+    settings = context.settings
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if not isinstance(exc, BatchrunError):
+        text = f"{type(exc).__name__}: {text}"
+    return mask_text(text, settings.db_url, settings.mail_url, settings.retry_queue_url)
+
+
 def run_command(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]) -> None:
-    """Run a command's coroutine; turn a BatchrunError into one line and its exit code."""
+    """Run a command's coroutine; turn an error into one line and its exit code (1 for an
+    error batchrun did not expect), the traceback only with -v."""
     context: Context = ctx.obj
     try:
         code = asyncio.run(make())
-    except BatchrunError as exc:
+    except KeyboardInterrupt:
+        stderr.print("[red]aborted[/]")
+        raise typer.Exit(130) from None
+    except Exception as exc:
+        if isinstance(exc, click_exceptions.ClickException | typer.Exit | typer.Abort):
+            raise  # usage errors inside a command: click's own line and exit 2
         if context.verbose:
             # The frames only: the message is the one line below, printed once.
             frames = "".join(traceback.format_tb(exc.__traceback__))
             stderr.print(f"Traceback (most recent call last):\n{frames}", markup=False, end="")
-        settings = context.settings
-        text = mask_text(str(exc), settings.db_url, settings.mail_url, settings.retry_queue_url)
-        stderr.print(f"[red]error:[/] {text}", highlight=False, soft_wrap=True)
-        raise typer.Exit(exc.exit_code) from None
-    except KeyboardInterrupt:
-        stderr.print("[red]aborted[/]")
-        raise typer.Exit(130) from None
+        line = Text.assemble(("error:", "red"), " ", error_text(context, exc))
+        stderr.print(line, highlight=False, soft_wrap=True)
+        code = exc.exit_code if isinstance(exc, BatchrunError) else 1
+        raise typer.Exit(code) from None
     raise typer.Exit(code)

@@ -78,7 +78,8 @@ def dead_list(
 
 
 @dead_app.command(
-    "redrive", epilog=examples("batchrun dead redrive --id ID", "batchrun dead redrive --all")
+    "redrive",
+    epilog=examples("batchrun dead redrive --id 17 --id 18", "batchrun dead redrive --all"),
 )
 def dead_redrive(
     ctx: typer.Context,
@@ -93,11 +94,6 @@ def dead_redrive(
 
     The entities they name get their attempts back (failed for good -> retrying), so the
     next consumer works them again. Give --id (repeatable) or --all.
-
-    \b
-    Examples:
-      batchrun dead redrive --id 17 --id 18
-      batchrun dead redrive --all
     """
     context: Context = ctx.obj
 

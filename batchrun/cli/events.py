@@ -15,6 +15,7 @@ from batchrun.cli.app import Context, app, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.output import table
 from batchrun.mail import events as mail_events
+from batchrun.runtime.runrecord import RunRecord
 
 
 @app.command(
@@ -59,14 +60,18 @@ def events(
             async with open_backends(settings) as backends:
                 queue = await open_queue(settings, queue_url, backends.store, concurrency=4)
                 try:
-                    summary = await mail_events.drain(
-                        queue, backends.store, max_messages=max_messages, stop=stop
-                    )
+                    runtime = context.runtime(backends, stop)
+                    async with RunRecord(runtime, kind="events") as record:
+                        summary = await mail_events.drain(
+                            queue, backends.store, max_messages=max_messages, stop=stop
+                        )
+                        summary.duration_s = time.monotonic() - started
+                        code = 130 if stop.stopping else summary.exit_code
+                        await record.end(code, summary.to_json(), stopped=stop.reason)
                 finally:
                     await queue.close()
         finally:
             uninstall()
-        summary.duration_s = time.monotonic() - started
         if as_json:
             print(json.dumps(summary.to_json()))
         else:
@@ -78,7 +83,6 @@ def events(
             )
         if stop.stopping:
             stderr.print(f"stopped ({stop.reason}); the rest stays on the queue", highlight=False)
-            return 130
-        return summary.exit_code
+        return code
 
     run_command(ctx, go)

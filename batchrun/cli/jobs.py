@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated
@@ -12,13 +13,14 @@ from rich.markup import escape
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, period_option, rate_option, run_command
+from batchrun.cli.app import Context, app, error_text, period_option, rate_option, run_command
 from batchrun.cli.conventions import examples, print_table, say, stderr
-from batchrun.cli.output import ASKED, Month, progress_bar, table
+from batchrun.cli.output import ASKED, Bar, Month, progress_bar, table
 from batchrun.errors import UsageError
 from batchrun.period import Period
 from batchrun.period import parse as parse_period
-from batchrun.runtime import Options
+from batchrun.runtime import Options, Runtime, Summary
+from batchrun.runtime.runrecord import RunRecord
 
 Concurrency = Annotated[
     int, typer.Option("--concurrency", min=1, help="Entities worked on at once.")
@@ -95,7 +97,8 @@ def birthday(
 
     The same as `batchrun run birthday --period MONTH`. Running the same month again does
     nothing new. Exit 0 when every user is done, 3 when some failed and wait in the retry
-    queue (run `batchrun retry`).
+    queue (run `batchrun retry`), 1 on an error (one `error:` line; with --json the
+    summary still, with an "error" key).
     """
     which = period_option("month", month, "--month")
     pace = rate_option(rate)
@@ -138,7 +141,8 @@ def run(
 ) -> None:
     """Run JOB for one period: every entity its page returns, exactly once per its once_per.
 
-    Exit 0 when every entity is done, 3 when some failed and wait in the retry queue.
+    Exit 0 when every entity is done, 3 when some failed and wait in the retry queue, 1 on
+    an error (one `error:` line; with --json the summary still, with an "error" key).
     """
     pace = rate_option(rate)
     options = Options(
@@ -178,6 +182,8 @@ def _run_job(
             return await _fan_out(context, name, which, fan_out, shard_size, as_json)
         stop = engine.StopToken()
         uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
+        started: list[Summary] = []
+        options.on_start = started.append
         try:
             async with open_backends(
                 settings,
@@ -188,13 +194,29 @@ def _run_job(
             ) as backends:
                 runtime = context.runtime(backends, stop)
                 month: Month | None = None
+                # a dry run writes nothing, not even its history row
+                record = (
+                    None if dry_run else RunRecord(runtime, kind="run", job=name, period=str(which))
+                )
                 with progress_bar(as_json, f"{name} {which}") as bar:
-                    if not as_json:
-                        month = Month.of(await runtime.status(name, which, problems=0))
-                    if month is not None:
-                        bar.set_total(month.bar_total(options.limit), month.done_before)
-                    options.on_progress = bar.advance
-                    summary = await runtime.run(which, options, job=name, dry_run=dry_run)
+                    async with record or contextlib.nullcontext():
+                        if not as_json:
+                            month = Month.of(await runtime.status(name, which, problems=0))
+                        if month is not None:
+                            bar.set_total(month.bar_total(options.limit), month.done_before)
+                        options.on_progress = bar.advance
+                        if record is not None:
+                            show_paused(runtime, bar, name, str(which))
+                            options.on_progress = record.progress(bar.advance)
+                        summary = await runtime.run(which, options, job=name, dry_run=dry_run)
+                        code = _exit_code(summary, stop)
+                        if record is not None:
+                            await record.end(code, summary.to_json(), stopped=summary.stopped)
+        except Exception as exc:
+            if as_json:  # what the run reached, and why it ended (the line follows)
+                data = started[0].to_json() if started else {"job": name, "period": str(which)}
+                print(json.dumps({**data, "error": error_text(context, exc)}))
+            raise
         finally:
             uninstall()
         data = summary.to_json()
@@ -219,16 +241,37 @@ def _run_job(
                 "could not renew them; that run does them",
                 highlight=False,
             )
-        if stop.stopping and summary.stopped and not summary.stopped.startswith("mail"):
+        if summary.paused:
+            stderr.print(
+                f"{name} {which} is paused: nothing done (`batchrun resume {name}`)",
+                highlight=False,
+            )
+        if code == 130:
             stderr.print(
                 f"stopped ({summary.stopped}); {summary.left_pending} claimed entities not "
                 "started are left pending for the next run",
                 highlight=False,
             )
-            return 130
-        return summary.exit_code
+        return code
 
     run_command(ctx, go)
+
+
+def _exit_code(summary: Summary, stop: engine.StopToken) -> int:
+    """130 for a stop (a signal, `batchrun cancel`), else the summary's own code."""
+    if stop.stopping and summary.stopped and not summary.stopped.startswith("mail"):
+        return 130
+    return summary.exit_code
+
+
+def show_paused(runtime: Runtime, bar: Bar, job: str, period: str) -> None:
+    """Show ``paused`` in the progress bar while `batchrun pause` holds the run."""
+
+    def changed() -> None:
+        held = runtime.steering.paused(job, period)
+        bar.describe(f"{job} {period}" + (" [yellow](paused)[/]" if held else ""))
+
+    runtime.steering.on_change = changed
 
 
 async def _fan_out(

@@ -54,6 +54,11 @@ class Bar:
         if self._progress is not None:
             self._progress.update(self._task, total=total, completed=completed)
 
+    def describe(self, text: str) -> None:
+        """The bar's title (``paused`` added while `batchrun pause` holds the run)."""
+        if self._progress is not None:
+            self._progress.update(self._task, description=text)
+
     def advance(self, event: engine.Progress) -> None:
         if event.kind != "total":
             self.worked += event.count

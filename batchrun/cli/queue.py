@@ -11,10 +11,11 @@ from rich.markup import escape
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, rate_option, run_command
+from batchrun.cli.app import Context, app, error_text, rate_option, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.output import ASKED, table
 from batchrun.runtime import Options, RetrySummary
+from batchrun.runtime.runrecord import RunRecord
 
 
 @app.command(
@@ -96,13 +97,18 @@ def worker(
                     )
                 try:
                     options = Options(concurrency=concurrency, rate=pace, handoff=True)
-                    result = await context.runtime(backends, stop).serve(
-                        consumed,
-                        options,
-                        prefetch=prefetch,
-                        visibility_s=visibility,
-                        idle_exit_s=idle_exit,
-                    )
+                    runtime = context.runtime(backends, stop)
+                    async with RunRecord(runtime, kind="worker") as record:
+                        options.on_progress = record.progress()
+                        result = await runtime.serve(
+                            consumed,
+                            options,
+                            prefetch=prefetch,
+                            visibility_s=visibility,
+                            idle_exit_s=idle_exit,
+                        )
+                        code = 1 if result.error is not None or result.unknown_job else 0
+                        await record.end(code, result.to_json())
                 finally:
                     if consumed is not backends.queue:
                         await consumed.close()
@@ -145,7 +151,8 @@ def retry(
     entities, not messages. A task whose entity the job's page does not return is dropped
     (not_eligible), the ledger left as it was. Messages for a job this process does not
     know stay on the queue (unknown_job) and the drain exits 1 naming it: give the job's
-    module with --jobs (`batchrun --jobs myjobs.py retry`).
+    module with --jobs (`batchrun --jobs myjobs.py retry`). On an error, one `error:` line
+    (and with --json an object with an "error" key), exit 1.
     """
     context: Context = ctx.obj
     settings = context.settings
@@ -163,9 +170,18 @@ def retry(
                 concurrency=concurrency,
                 jobs=[e.job for e in registry.values()],
             ) as backends:
-                result = await context.runtime(backends, stop).retry(
-                    Options(concurrency=concurrency, rate=pace), max_messages=max_messages
-                )
+                runtime = context.runtime(backends, stop)
+                async with RunRecord(runtime, kind="retry") as record:
+                    options = Options(
+                        concurrency=concurrency, rate=pace, on_progress=record.progress()
+                    )
+                    result = await runtime.retry(options, max_messages=max_messages)
+                    code = 130 if stop.stopping else result.exit_code
+                    await record.end(code, result.to_json(), stopped=stop.reason)
+        except Exception as exc:
+            if as_json:  # the drain ended on an error: still one JSON object (the line follows)
+                print(json.dumps({"error": error_text(context, exc)}))
+            raise
         finally:
             uninstall()
         if as_json:
@@ -178,9 +194,9 @@ def retry(
                 f"stopped ({stop.reason}); {result.remaining} messages left for the next retry",
                 highlight=False,
             )
-            return 130
-        _say_unknown(result)
-        return result.exit_code
+        else:
+            _say_unknown(result)
+        return code
 
     run_command(ctx, go)
 

@@ -11,9 +11,11 @@ from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, period_option, run_command
 from batchrun.cli.conventions import examples, print_table, stderr, stdout
 from batchrun.cli.output import STATE_NAMES, table
+from batchrun.cli.runs import overview, print_overview
 from batchrun.db.store import Store
 from batchrun.period import parse as parse_period
 from batchrun.registry import JobEntry
+from batchrun.runtime.control import Steering
 
 SHOWN = 50
 
@@ -21,6 +23,7 @@ SHOWN = 50
 @app.command(
     "status",
     epilog=examples(
+        "batchrun status",
         "batchrun status --month 2025-06",
         "batchrun status renewal --period 2025-06-01 --all",
         "batchrun status birthday --period 2025-06 --json",
@@ -31,7 +34,8 @@ def status(
     job: Annotated[
         str | None,
         typer.Argument(
-            help="The job's name; default: every job whose tables are in the database "
+            help="The job's name; none and no period: every job's last and current runs; "
+            "none with a period: every job of that period whose tables are in the database "
             "(the others are skipped with a note)."
         ),
     ] = None,
@@ -53,11 +57,17 @@ def status(
 ) -> None:
     """Done, pending, skipped and failed entities of JOB's period, queue and dead-letter depths.
 
-    Without JOB: each job whose tables are in the database, in turn (--json: the one job's
-    object, or {"jobs": {name: object}} for several).
+    With no job and no period: every job's last run (when, how long, outcome, counts), what
+    runs now (host, pid, progress), which jobs are paused, and the queue depths.
+
+    With no job and a period: each job of that period whose tables are in the database, in
+    turn (--json: the one job's object, or {"jobs": {name: object}} for several).
     """
     context: Context = ctx.obj
     settings = context.settings
+    if job is None and period is None and month is None:
+        run_command(ctx, lambda: _overview(context, as_json))
+        return
 
     async def go() -> int:
         if job is not None:
@@ -76,15 +86,20 @@ def status(
             if job is None:
                 entries = await _with_tables(backends.store, entries)
             limit = 10**9 if show_all else SHOWN
+            steering = Steering()
+            await steering.refresh(backends.store.db)
             reports = []
             for entry in entries:
                 name = entry.job.name
                 which = periods[name]
                 counts = await context.runtime(backends).status(name, which, problems=limit)
                 depth, dead = await backends.queue.depths()
-                reports.append(
-                    _report(name, entry.job.period, str(which), counts, depth, dead, limit)
-                )
+                data = _report(name, entry.job.period, str(which), counts, depth, dead, limit)
+                held = steering.paused(name, str(which))
+                if held is not None:  # only when paused: `batchrun pause`
+                    data["paused"] = True
+                    data["paused_reason"] = held.reason
+                reports.append(data)
         if as_json:
             if len(reports) == 1:
                 print(json.dumps(reports[0]))
@@ -96,6 +111,15 @@ def status(
         return 0
 
     run_command(ctx, go)
+
+
+async def _overview(context: Context, as_json: bool) -> int:
+    data = await overview(context)
+    if as_json:
+        print(json.dumps(data))
+    else:
+        print_overview(data)
+    return 0
 
 
 def _of_period(entries: list[JobEntry], text: str | None) -> list[JobEntry]:

@@ -14,7 +14,7 @@ Row = tuple[Any, ...]
 
 
 def now_ms() -> int:
-    """Wall-clock epoch milliseconds (leases compare across processes and hosts)."""
+    """This host's wall clock in epoch milliseconds (leases use ``Database.clock_ms``)."""
     return int(time.time() * 1000)
 
 
@@ -39,6 +39,16 @@ class Database(ABC):
     async def execute(self, name: str, **params: Any) -> int:
         """Run a statement; return the rows it changed."""
 
+    async def execute_reran(self, name: str, **params: Any) -> tuple[int, bool]:
+        """Run one of batchrun's statements; return the rows it changed, and whether it
+        went again after a lost connection (its first run may have changed rows too)."""
+        return await self.execute(name, **params), False
+
+    async def clock_ms(self) -> int:
+        """The database server's clock in epoch milliseconds: every lease is set and
+        compared on it, one clock for every host (SQLite: this host's, the only one)."""
+        return now_ms()
+
     @abstractmethod
     async def fetchall(self, name: str, **params: Any) -> list[Row]:
         """Run a query; return all its rows."""
@@ -59,11 +69,17 @@ class Database(ABC):
 
     @abstractmethod
     async def fetch_columns(self, sql: str, args: tuple[Any, ...]) -> tuple[list[str], list[Row]]:
-        """Run an already-compiled query; return its column names and rows (``ctx.db``)."""
+        """Run an already-compiled query; return its column names and rows (``ctx.db``).
+
+        A job's statement: never run again after a lost connection (OutcomeUnknownError).
+        """
 
     @abstractmethod
     async def execute_sql(self, sql: str, args: tuple[Any, ...]) -> int:
-        """Run an already-compiled statement; return the rows it changed (``ctx.db``)."""
+        """Run an already-compiled statement; return the rows it changed (``ctx.db``).
+
+        A job's statement: never run again after a lost connection (OutcomeUnknownError).
+        """
 
     @abstractmethod
     async def run_step(self, statement: Statement) -> None:

@@ -14,15 +14,27 @@ import pymysql
 from batchrun.db.base import Database, Row
 from batchrun.db.ddl import NotOnlineError
 from batchrun.db.sql import Queries, Statement
-from batchrun.errors import ConfigError, DatabaseError, LockTimeoutError, NotMigratedError
+from batchrun.errors import (
+    ConfigError,
+    DatabaseError,
+    LockTimeoutError,
+    NotMigratedError,
+    OutcomeUnknownError,
+)
 from batchrun.urls import mask_text, mask_url, split
 
 log = logging.getLogger(__name__)
 
 _NO_TABLE = 1146
 _LOCK_WAIT_TIMEOUT = 1205
-_LOST = {2006, 2013, 2055}  # server gone away, lost connection: retried once on a fresh one
-_CONFLICT = {1213, _LOCK_WAIT_TIMEOUT}  # deadlock, lock wait timeout: the statement is retried
+# Server gone away, lost connection: one of batchrun's own statements (idempotent by
+# construction) goes again on a fresh connection; a job's statement never does (its
+# outcome is unknown: OutcomeUnknownError, the entity is retried as a whole).
+_LOST = {2006, 2013, 2055}
+_LOST_TRIES = 3
+# Deadlock, lock wait timeout: InnoDB rolled the statement back (autocommit, and
+# innodb_rollback_on_timeout or not, a timed-out statement is undone), so it goes again.
+_CONFLICT = {1213, _LOCK_WAIT_TIMEOUT}
 _CONFLICT_TRIES = 3
 # A batchrun statement waits at most this long for a row lock, then goes again (three tries
 # in all): well under the 15 s lease, so a heartbeat or outcome write held up by another
@@ -114,28 +126,31 @@ class MySQLDatabase(Database):
         assert pool is not None
         return cls(url, queries, pool)
 
-    async def _run(self, sql: str, args: tuple[Any, ...], *, fetch: bool) -> tuple[int, list[Row]]:
-        count, rows, _ = await self._run_described(sql, args, fetch=fetch)
-        return count, rows
-
-    async def _run_described(
-        self, sql: str, args: tuple[Any, ...], *, fetch: bool
-    ) -> tuple[int, list[Row], list[str]]:
+    async def _run(
+        self, sql: str, args: tuple[Any, ...], *, fetch: bool, rerun: bool = True
+    ) -> tuple[int, list[Row], list[str], bool]:
+        """Run one statement: (rowcount, rows, column names, whether it went again after a
+        lost connection). ``rerun``: batchrun's own statement, safe to run again after a
+        lost reply; a job's statement is not (``OutcomeUnknownError``)."""
         lost = conflicts = 0
         while True:
             try:
-                async with self._pool.acquire() as conn, conn.cursor(_QuietCursor) as cur:
+                conn = await self._pool.acquire()
+            except (pymysql.err.MySQLError, OSError) as exc:
+                # Nothing was sent: any statement may go again on the next connection.
+                lost = await self._after_lost(exc, lost, rerun=True)
+                continue
+            try:
+                async with conn.cursor(_QuietCursor) as cur:
                     await cur.execute(sql, args)
                     rows = list(await cur.fetchall()) if fetch else []
                     names = [d[0] for d in cur.description or ()]
-                    return cur.rowcount, rows, names
+                    return cur.rowcount, rows, names, lost > 0
             except pymysql.err.MySQLError as exc:
-                # Every batchrun statement is idempotent (INSERT IGNORE, guarded UPDATEs)
-                # and runs alone in autocommit, so running it again is safe.
                 code = _code(exc)
-                if code in _LOST and lost == 0:
-                    lost += 1
-                    log.warning("database connection lost (%s); retrying once", code)
+                if code in _LOST:
+                    conn.close()
+                    lost = await self._after_lost(exc, lost, rerun=rerun)
                     continue
                 if code in _CONFLICT and conflicts < _CONFLICT_TRIES:
                     # The heartbeat and the outcome writes lock the same ledger rows in
@@ -146,7 +161,26 @@ class MySQLDatabase(Database):
                     continue
                 raise self._convert(exc) from exc
             except OSError as exc:
-                raise DatabaseError(f"database {self.url}: {exc}") from exc
+                conn.close()
+                lost = await self._after_lost(exc, lost, rerun=rerun)
+                continue
+            finally:
+                await self._pool.release(conn)
+
+    async def _after_lost(self, exc: BaseException, lost: int, *, rerun: bool) -> int:
+        """After a lost connection: how many so far, once it is safe and worth going again;
+        else the error to raise."""
+        text = mask_text(_describe(exc), self._raw_url)
+        if not rerun:
+            raise OutcomeUnknownError(
+                f"database {self.url}: the connection was lost before the statement's reply "
+                f"({text}): its outcome is unknown"
+            ) from exc
+        if lost >= _LOST_TRIES:
+            raise DatabaseError(f"database {self.url}: {text}") from exc
+        log.warning("database connection lost (%s); trying again", text)
+        await asyncio.sleep(random.uniform(0.05, 0.15) * 2**lost)
+        return lost + 1
 
     def _convert(self, exc: pymysql.err.MySQLError) -> DatabaseError:
         text = mask_text(_describe(exc), self._raw_url)
@@ -155,7 +189,7 @@ class MySQLDatabase(Database):
                 f"database {self.url} is missing batchrun's tables ({text}): "
                 "run `batchrun db migrate`"
             )
-        if _code(exc) == _LOCK_WAIT_TIMEOUT:
+        if _code(exc) in _CONFLICT:
             return LockTimeoutError(f"database {self.url}: {text}")
         if _code(exc) in _NOT_ONLINE:
             return NotOnlineError(text)
@@ -163,29 +197,38 @@ class MySQLDatabase(Database):
 
     async def execute(self, name: str, **params: Any) -> int:
         sql, args = self.queries.compile(name, params)
-        count, _ = await self._run(sql, args, fetch=False)
+        count, _, _, _ = await self._run(sql, args, fetch=False)
         return count
+
+    async def execute_reran(self, name: str, **params: Any) -> tuple[int, bool]:
+        sql, args = self.queries.compile(name, params)
+        count, _, _, reran = await self._run(sql, args, fetch=False)
+        return count, reran
 
     async def fetchall(self, name: str, **params: Any) -> list[Row]:
         sql, args = self.queries.compile(name, params)
-        _, rows = await self._run(sql, args, fetch=True)
+        _, rows, _, _ = await self._run(sql, args, fetch=True)
         return rows
 
     async def fetch_sql(self, sql: str, args: tuple[Any, ...]) -> list[Row]:
-        _, rows = await self._run(sql, args, fetch=True)
+        _, rows, _, _ = await self._run(sql, args, fetch=True)
         return rows
 
     async def fetch_columns(self, sql: str, args: tuple[Any, ...]) -> tuple[list[str], list[Row]]:
-        _, rows, names = await self._run_described(sql, args, fetch=True)
+        _, rows, names, _ = await self._run(sql, args, fetch=True, rerun=False)
         return names, rows
 
     async def execute_sql(self, sql: str, args: tuple[Any, ...]) -> int:
-        count, _ = await self._run(sql, args, fetch=False)
+        count, _, _, _ = await self._run(sql, args, fetch=False, rerun=False)
         return count
 
     async def run_step(self, statement: Statement) -> None:
         sql, args = self.queries.compile_text(statement.text, statement.text, {})
         await self._run(sql, args, fetch=False)
+
+    async def clock_ms(self) -> int:
+        """The server's clock (UTC_TIMESTAMP(6), NOW(6) in UTC) in epoch milliseconds."""
+        return int(await self.fetchval("clock_ms"))
 
     async def estimate_rows(self, table: str) -> int | None:
         """InnoDB's own estimate (information_schema TABLES.TABLE_ROWS): no table scan."""

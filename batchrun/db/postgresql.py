@@ -16,16 +16,31 @@ import asyncpg
 
 from batchrun.db.base import Database, Row
 from batchrun.db.sql import Queries, Statement
-from batchrun.errors import ConfigError, DatabaseError, LockTimeoutError, NotMigratedError
+from batchrun.errors import (
+    ConfigError,
+    DatabaseError,
+    LockTimeoutError,
+    NotMigratedError,
+    OutcomeUnknownError,
+)
 from batchrun.urls import mask_text, mask_url, split
 
 log = logging.getLogger(__name__)
 
+# "cannot switch to state N": asyncpg's protocol after its backend was terminated mid-call.
+_InternalClientError = asyncpg.exceptions.InternalClientError
+
 _NO_TABLE = "42P01"
 _NO_DATABASE = "3D000"
 _LOCK_NOT_AVAILABLE = "55P03"
-_CONFLICT = {"40P01", _LOCK_NOT_AVAILABLE}  # deadlock, lock_timeout: the statement goes again
+# Deadlock, serialization failure, lock_timeout: the server rolled the statement back, so
+# it goes again.
+_CONFLICT = {"40P01", "40001", _LOCK_NOT_AVAILABLE}
 _CONFLICT_TRIES = 3
+# A lost connection (a terminated backend, a dropped socket, asyncpg's protocol left in a
+# state it cannot leave): batchrun's own statement goes again on a fresh connection, as on
+# MySQL; a job's statement never does (OutcomeUnknownError).
+_LOST_TRIES = 3
 # As on MariaDB (see batchrun/db/mysql.py): a batchrun statement waits at most this long for
 # a row lock, then goes again (three tries in all), well under the 15 s lease, so a blocked
 # heartbeat or outcome write fails in time for the fence in runtime/lease.py to notice.
@@ -130,38 +145,66 @@ class PostgreSQLDatabase(Database):
         raise AssertionError("unreachable")
 
     async def _run(
-        self, sql: str, args: tuple[Any, ...], *, fetch: bool
-    ) -> tuple[int, list[Row], list[str]]:
+        self, sql: str, args: tuple[Any, ...], *, fetch: bool, rerun: bool = True
+    ) -> tuple[int, list[Row], list[str], bool]:
+        """Run one statement: (rowcount, rows, column names, whether it went again after a
+        lost connection). ``rerun``: batchrun's own statement, safe to run again after a
+        lost reply; a job's statement is not (``OutcomeUnknownError``)."""
         lost = conflicts = 0
         while True:
             try:
-                async with self._pool.acquire() as conn:
-                    if fetch:
-                        records = await conn.fetch(sql, *args)
-                        names = list(records[0].keys()) if records else []
-                        return len(records), [tuple(r) for r in records], names
-                    status = await conn.execute(sql, *args)
-                    return _rowcount(status), [], []
+                conn = await self._pool.acquire()
+            except (asyncpg.PostgresError, asyncpg.InterfaceError, _InternalClientError) as exc:
+                if isinstance(exc, asyncpg.PostgresError) and not _is_lost(exc.sqlstate or ""):
+                    raise self._convert(exc) from exc
+                lost = await self._after_lost(exc, lost, rerun=True)  # nothing was sent
+                continue
+            except OSError as exc:
+                lost = await self._after_lost(exc, lost, rerun=True)
+                continue
+            try:
+                if fetch:
+                    records = await conn.fetch(sql, *args)
+                    names = list(records[0].keys()) if records else []
+                    return len(records), [tuple(r) for r in records], names, lost > 0
+                status = await conn.execute(sql, *args)
+                return _rowcount(status), [], [], lost > 0
             except asyncpg.PostgresError as exc:
-                # Every batchrun statement is idempotent (ON CONFLICT DO NOTHING, guarded
-                # UPDATEs) and runs alone in autocommit, so running it again is safe.
                 code = exc.sqlstate or ""
-                if _is_lost(code) and lost == 0:
-                    lost += 1
-                    log.warning("database connection lost (%s); retrying once", code)
+                if _is_lost(code):
+                    _discard(conn)
+                    lost = await self._after_lost(exc, lost, rerun=rerun)
                     continue
                 if code in _CONFLICT and conflicts < _CONFLICT_TRIES:
                     conflicts += 1
                     await asyncio.sleep(random.uniform(0.01, 0.05) * conflicts)
                     continue
                 raise self._convert(exc) from exc
-            except (asyncpg.InterfaceError, OSError) as exc:
-                if isinstance(exc, asyncpg.ConnectionDoesNotExistError) and lost == 0:
-                    lost += 1
-                    log.warning("database connection lost; retrying once")
-                    continue
-                text = mask_text(_describe(exc), self._raw_url)
-                raise DatabaseError(f"database {self.url}: {text}") from exc
+            except (asyncpg.InterfaceError, _InternalClientError, OSError) as exc:
+                if not _client_lost(exc):
+                    text = mask_text(_describe(exc), self._raw_url)
+                    raise DatabaseError(f"database {self.url}: {text}") from exc
+                _discard(conn)  # never back into the pool in a state it cannot leave
+                lost = await self._after_lost(exc, lost, rerun=rerun)
+                continue
+            finally:
+                with contextlib.suppress(Exception):
+                    await self._pool.release(conn)
+
+    async def _after_lost(self, exc: BaseException, lost: int, *, rerun: bool) -> int:
+        """After a lost connection: how many so far, once it is safe and worth going again;
+        else the error to raise."""
+        text = mask_text(_describe(exc), self._raw_url)
+        if not rerun:
+            raise OutcomeUnknownError(
+                f"database {self.url}: the connection was lost before the statement's reply "
+                f"({text}): its outcome is unknown"
+            ) from exc
+        if lost >= _LOST_TRIES:
+            raise DatabaseError(f"database {self.url}: {text}") from exc
+        log.warning("database connection lost (%s); trying again", text)
+        await asyncio.sleep(random.uniform(0.05, 0.15) * 2**lost)
+        return lost + 1
 
     def _convert(self, exc: asyncpg.PostgresError) -> DatabaseError:
         text = mask_text(_describe(exc), self._raw_url)
@@ -170,19 +213,23 @@ class PostgreSQLDatabase(Database):
                 f"database {self.url} is missing batchrun's tables ({text}): "
                 "run `batchrun db migrate`"
             )
-        if exc.sqlstate == _LOCK_NOT_AVAILABLE:
+        if exc.sqlstate in _CONFLICT:
             return LockTimeoutError(f"database {self.url}: {text}")
         return DatabaseError(f"database {self.url}: {text}")
 
     async def execute(self, name: str, **params: Any) -> int:
+        count, _ = await self.execute_reran(name, **params)
+        return count
+
+    async def execute_reran(self, name: str, **params: Any) -> tuple[int, bool]:
         sql, args = self.queries.compile(name, params)
-        count, _, _ = await self._run(sql, args, fetch=False)
+        count, _, _, reran = await self._run(sql, args, fetch=False)
         if name == "claim_new" and count:
             self._claimed += count
             if self._claimed >= self._analyze_at:
                 self._analyze_at = 2 * self._claimed
                 await self._refresh_ledger_statistics()
-        return count
+        return count, reran
 
     async def _refresh_ledger_statistics(self) -> None:
         """ANALYZE the ledger (see ``analyze_ledger``); a failure only costs a slower plan."""
@@ -193,20 +240,24 @@ class PostgreSQLDatabase(Database):
 
     async def fetchall(self, name: str, **params: Any) -> list[Row]:
         sql, args = self.queries.compile(name, params)
-        _, rows, _ = await self._run(sql, args, fetch=True)
+        _, rows, _, _ = await self._run(sql, args, fetch=True)
         return rows
 
     async def fetch_sql(self, sql: str, args: tuple[Any, ...]) -> list[Row]:
-        _, rows, _ = await self._run(sql, args, fetch=True)
+        _, rows, _, _ = await self._run(sql, args, fetch=True)
         return rows
 
     async def fetch_columns(self, sql: str, args: tuple[Any, ...]) -> tuple[list[str], list[Row]]:
-        _, rows, names = await self._run(sql, args, fetch=True)
+        _, rows, names, _ = await self._run(sql, args, fetch=True, rerun=False)
         return names, rows
 
     async def execute_sql(self, sql: str, args: tuple[Any, ...]) -> int:
-        count, _, _ = await self._run(sql, args, fetch=False)
+        count, _, _, _ = await self._run(sql, args, fetch=False, rerun=False)
         return count
+
+    async def clock_ms(self) -> int:
+        """The server's clock (clock_timestamp()) in epoch milliseconds."""
+        return int(await self.fetchval("clock_ms"))
 
     async def run_step(self, statement: Statement) -> None:
         """Each statement of the step alone, outside any transaction (``CREATE INDEX
@@ -266,6 +317,22 @@ def _rowcount(status: str) -> int:
     """The row count at the end of a command tag (``INSERT 0 5``, ``UPDATE 3``), else 0."""
     last = status.rsplit(" ", 1)[-1]
     return int(last) if last.isdigit() else 0
+
+
+def _discard(conn: Any) -> None:
+    """Close a connection whose socket or protocol state is lost (asyncpg may have let go
+    of it already)."""
+    with contextlib.suppress(Exception):
+        conn.terminate()
+
+
+def _client_lost(exc: BaseException) -> bool:
+    """Whether asyncpg's own error means the connection is gone or unusable (not a bad
+    argument, which is an InterfaceError too)."""
+    if isinstance(exc, OSError | asyncpg.ConnectionDoesNotExistError | _InternalClientError):
+        return True
+    text = str(exc)
+    return "connection is closed" in text or "another operation is in progress" in text
 
 
 def _is_lost(code: str) -> bool:

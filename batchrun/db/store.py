@@ -7,14 +7,22 @@ brings their schema steps in ``Job.sql``; the store only applies those steps in 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Literal, get_args
+from typing import Literal, TypeVar, get_args
 
 from batchrun.db.base import Database, JobDatabase, Row
 from batchrun.db.base import now_ms as now_ms  # re-exported: tests and scripts import it here
 from batchrun.db.schema import Schema
+from batchrun.errors import LockTimeoutError
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class State(IntEnum):
@@ -35,6 +43,10 @@ REASONS: tuple[Reason, ...] = get_args(Reason)
 MAX_ADDRESS_CHARS = 254
 MAX_SOURCE_CHARS = 100
 _LOOKUP_CHUNK = 1000  # addresses per IN list: well under every driver's parameter limit
+# How long an outcome write or a release keeps going again while another session's lock
+# holds its rows (each try waits the adapter's lock timeout, then backs off): a long
+# transaction delays the run's bookkeeping, it does not end the run.
+LOCK_PATIENCE_S = 600.0
 
 
 def address_key(address: str) -> str:
@@ -97,6 +109,9 @@ class Store(Schema):
     def __init__(self, db: Database) -> None:
         super().__init__(db)
         self.jobdb = JobDatabase(db)
+        # The batchrun_run row this process's claims belong to (runtime/runrecord.py sets
+        # it); None: claims are recorded without one.
+        self.run_id: int | None = None
 
     # -- the ledger -----------------------------------------------------------------------
 
@@ -121,7 +136,7 @@ class Store(Schema):
         """
         if not ids:
             return {}
-        now = now_ms()
+        now = await self.db.clock_ms()  # the server's clock: one for every host
         until = now + lease_ms
         fresh = [
             (scope.job, scope.once, uid, scope.period, int(State.PENDING), 0, me, until, 0, now)
@@ -142,6 +157,13 @@ class Store(Schema):
                 now=now,
             )
         return await self.claims_of(scope, ids)
+
+    async def note_run(self, scope: Scope, ids: Sequence[int], me: str) -> None:
+        """Record ``run_id`` on the ledger rows of ``ids`` that ``me`` owns (``why``)."""
+        if ids and self.run_id is not None:
+            await self.db.execute(
+                "ledger_run", run=self.run_id, job=scope.job, once=scope.once, ids=list(ids), me=me
+            )
 
     async def claims_of(self, scope: Scope, ids: Sequence[int]) -> dict[int, Claim]:
         """The ledger rows of ``ids`` (absent ids have none)."""
@@ -173,25 +195,47 @@ class Store(Schema):
         (fewer than ``ids``: some claims were lost to another run)."""
         if not ids:
             return 0
-        return await self.db.execute(
-            "finish",
-            job=scope.job,
-            once=scope.once,
-            ids=list(ids),
-            me=me,
-            state=int(state),
-            error=error[:500] if error else None,
-            queued=int(queued),
-            now=now_ms(),
+        params = {
+            "job": scope.job,
+            "once": scope.once,
+            "ids": list(ids),
+            "me": me,
+            "state": int(state),
+            "error": error[:500] if error else None,
+            "queued": int(queued),
+            "now": now_ms(),  # updated_at only: no lease is compared with it
+        }
+        changed, reran = await _patiently(
+            "finish", lambda: self.db.execute_reran("finish", **params)
         )
+        if reran and changed < len(ids):
+            # The first try's reply was lost: it may have finished some rows itself, and
+            # the second then found them no longer ours. Rows in the very state written,
+            # and held by no one, are those (another run's takeover would have to expire
+            # this run's lease and finish them alike within the same moment).
+            rows = await self.claims_of(scope, ids)
+            finished = sum(
+                1
+                for c in rows.values()
+                if c.owner is None and c.state == int(state) and c.lease_until is None
+            )
+            changed = max(changed, min(finished, len(ids)))
+        return changed
 
     async def release(self, scope: Scope, *, ids: Sequence[int], me: str) -> int:
         """Let go of unfinished claims so the next run takes them at once."""
         if not ids:
             return 0
-        return await self.db.execute(
-            "release", job=scope.job, once=scope.once, ids=list(ids), me=me, now=now_ms()
+        return await _patiently(
+            "release",
+            lambda: self.db.execute(
+                "release", job=scope.job, once=scope.once, ids=list(ids), me=me, now=now_ms()
+            ),
         )
+
+    async def clock_ms(self) -> int:
+        """The database server's clock (epoch ms), which every lease is compared with."""
+        return await self.db.clock_ms()
 
     async def heartbeat(self, scope: Scope, *, lo: int, hi: int, me: str, lease_ms: int) -> int:
         """Extend the claims ``me`` holds with ids in [lo, hi]; return how many."""
@@ -202,7 +246,7 @@ class Store(Schema):
             lo=lo,
             hi=hi,
             me=me,
-            until=now_ms() + lease_ms,
+            until=await self.db.clock_ms() + lease_ms,
         )
 
     async def unqueued_failures(self, limit: int) -> list[tuple[Scope, int, int, str | None]]:
@@ -214,7 +258,12 @@ class Store(Schema):
     async def mark_queued(self, scope: Scope, ids: Sequence[int]) -> None:
         """Note that ``ids`` now have a retry message on the queue."""
         if ids:
-            await self.db.execute("mark_queued", job=scope.job, once=scope.once, ids=list(ids))
+            await _patiently(
+                "mark_queued",
+                lambda: self.db.execute(
+                    "mark_queued", job=scope.job, once=scope.once, ids=list(ids)
+                ),
+            )
 
     async def record_mail_event(
         self, *, job: str, once: str, entity_id: int, event: Literal["bounce", "complaint"]
@@ -295,6 +344,23 @@ class Store(Schema):
         """A page of the suppression list in address order, addresses above ``after``."""
         rows = await self.db.fetchall("suppression_page", after=after, limit=limit)
         return [_suppression(r) for r in rows]
+
+
+async def _patiently(what: str, write: Callable[[], Awaitable[_T]]) -> _T:
+    """``write()``, again with backoff while it fails on a lock another session holds (a
+    lock wait, deadlock or serialization failure), for up to ``LOCK_PATIENCE_S``."""
+    started = time.monotonic()
+    tries = 0
+    while True:
+        try:
+            return await write()
+        except LockTimeoutError as exc:
+            tries += 1
+            if time.monotonic() - started >= LOCK_PATIENCE_S:
+                raise
+            if tries == 1:
+                log.warning("ledger %s waits for a lock another session holds: %s", what, exc)
+            await asyncio.sleep(min(5.0, 0.1 * 2**tries) * random.uniform(0.5, 1.0))
 
 
 def _suppression(row: Row) -> Suppression:

@@ -55,6 +55,7 @@ class Verdict:
     counted: bool = True  # False for a second message naming an entity already counted
     not_eligible: bool = False  # the page does not return its entity: dropped, ledger as was
     unknown_job: str | None = None  # a job this process does not know: kept on the queue
+    unknown: bool = False  # the job's statement lost its reply (unknown_outcome)
 
 
 async def process(
@@ -86,6 +87,12 @@ async def process(
             continue
         job = rt.jobs[message.job]
         period = parse_period(job.period, message.period)
+        if rt.steering.paused(message.job, message.period) is not None:
+            # `batchrun pause`: no new work on the job; the message waits on the queue.
+            verdicts[item.message_id] = Verdict(
+                "later", "paused", delay_s=rt.settings.lease_s, counted=False
+            )
+            continue
         if message.kind in ("continuation", "shard"):
             log.info(
                 "%s of %s %s: ids (%d, %d]",
@@ -144,7 +151,9 @@ async def _entities(
     opened, and the claims lost."""
     stop = rt.stop.child()
     try:
-        async with Lease(rt.store, lease_s=rt.settings.lease_s, stop=stop) as lease:
+        async with Lease(
+            rt.store, lease_s=rt.settings.lease_s, stop=stop, steering=rt.steering
+        ) as lease:
             limiter = await rt.retry_limiter(options)
             ctx, _ = rt.context(
                 job, period, lease=lease, stop=stop, limiter=limiter, breaker=rt.breaker
@@ -279,7 +288,13 @@ def _verdict(rt: Runtime, outcome: Outcome | None, claim: Claim | None, *, lost:
         delay = backoff_s(
             attempts, base_s=rt.settings.retry_base_s, max_s=rt.settings.retry_max_backoff_s
         )
-    return Verdict("later", outcome.reason or "", delay_s=delay, outcome=State.RETRYING)
+    return Verdict(
+        "later",
+        outcome.reason or "",
+        delay_s=delay,
+        outcome=State.RETRYING,
+        unknown=outcome.unknown,
+    )
 
 
 async def _iterate(items: Sequence[Item]) -> AsyncIterator[Item]:

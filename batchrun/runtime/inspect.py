@@ -12,6 +12,7 @@ from batchrun.errors import UsageError
 from batchrun.job import Context, Job, Skip
 from batchrun.mail.message import Message
 from batchrun.period import Period
+from batchrun.runtime.history import History
 from batchrun.runtime.pager import recheck
 from batchrun.runtime.sending import Sender
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from batchrun.runtime.runtime import Runtime
 
 
-class _NoEffects:
+class NoEffects:
     """The effects of a context that must not act (``status``): it may read the list."""
 
     def __init__(self, store: Store) -> None:
@@ -39,11 +40,15 @@ async def status(rt: Runtime, which: Job, period: Period, *, problems: int) -> d
     """The ledger's counts for the job's period, the job's own (``Job.status``), and the
     first ``problems`` entities not done."""
     counts = await rt.store.status(job=which.name, period=str(period), problems=problems)
+    history = History(rt.store.db, lease_s=rt.settings.lease_s)
+    # claimed: held by a live run; the rest of the unfinished claims a stopped or dead run
+    # left (the next run takes them at once, or when their lease has passed)
+    stale = min(counts.claimed, await history.stale_claims(job=which.name, period=str(period)))
     ctx = Context(
         which,
         period,
         rt.store.jobdb,
-        _NoEffects(rt.store),
+        NoEffects(rt.store),
         dry_run=True,
         env=rt.settings.environ,
     )
@@ -55,7 +60,8 @@ async def status(rt: Runtime, which: Job, period: Period, *, problems: int) -> d
         "skipped": counts.skipped,
         "retrying": counts.retrying,
         "failed_permanent": counts.failed_permanent,
-        "claimed": counts.claimed,
+        "claimed": counts.claimed - stale,
+        "claimed_by_stopped_run": stale,
         "bounces": counts.bounces,
         "complaints": counts.complaints,
         **own,
@@ -144,7 +150,7 @@ async def page_plans(
     """The database's plan of each query ``which.page`` runs for its first page."""
     explaining = _Explaining(rt.store.db, rt.store.jobdb)
     ctx = Context(
-        which, period, explaining, _NoEffects(rt.store), dry_run=True, env=rt.settings.environ
+        which, period, explaining, NoEffects(rt.store), dry_run=True, env=rt.settings.environ
     )
     await which.page(ctx, 0, page_size)
     return explaining.plans

@@ -23,11 +23,12 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 
 from batchrun.db.store import FINAL_STATES, Claim, Scope, Store
 from batchrun.engine import StopToken
+from batchrun.runtime.control import Steering
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,11 @@ log = logging.getLogger(__name__)
 class Lease:
     """The claims of one owner, with their heartbeat and fence."""
 
-    def __init__(self, store: Store, *, lease_s: float, stop: StopToken) -> None:
+    def __init__(
+        self, store: Store, *, lease_s: float, stop: StopToken, steering: Steering | None = None
+    ) -> None:
         self.store = store
+        self.steering = steering  # pause holds the fence; cancel stops ``stop``
         self.me = uuid.uuid4().hex
         self.lease_s = lease_s
         self.lease_ms = int(lease_s * 1000)
@@ -48,8 +52,12 @@ class Lease:
         self._valid_until = time.monotonic() + lease_s - self.margin_s
         self._renewed = asyncio.Event()
         self._beat: asyncio.Task[None] | None = None
+        self._scopes: set[Scope] = set()  # every scope claimed in: what a cancel may name
+        self._unsteer: Callable[[], None] | None = None
 
     async def __aenter__(self) -> Lease:
+        if self.steering is not None:
+            self._unsteer = self.steering.steer(self.stop, scopes=self._scopes)
         self._beat = asyncio.create_task(self._heartbeat(), name="batchrun-heartbeat")
         return self
 
@@ -59,6 +67,8 @@ class Lease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._unsteer is not None:
+            self._unsteer()
         if self._beat is not None:
             self._beat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -78,9 +88,10 @@ class Lease:
             scope, ids=ids, new_ids=new_ids, me=self.me, lease_ms=self.lease_ms
         )
         held = self._held.setdefault(scope, set())
-        held.update(
-            u for u, c in claims.items() if c.owner == self.me and c.state not in FINAL_STATES
-        )
+        mine = [u for u, c in claims.items() if c.owner == self.me and c.state not in FINAL_STATES]
+        held.update(mine)
+        self._scopes.add(scope)
+        await self.store.note_run(scope, mine, self.me)
         return claims
 
     def let_go(self, scope: Scope, ids: Iterable[int]) -> None:
@@ -127,9 +138,14 @@ class Lease:
         """Whether every claim held is certainly still ours."""
         return time.monotonic() < self._valid_until
 
+    def paused(self) -> bool:
+        """Whether ``batchrun pause`` holds the job of a claim held."""
+        return self.steering is not None and self.steering.any_paused(self._held)
+
     async def fence(self) -> bool:
-        """Wait until the claims are known to be alive; False if the run stops first."""
-        while not self.valid():
+        """Wait until the claims are known to be alive and their job is not paused;
+        False if the run stops first."""
+        while not self.valid() or self.paused():
             if self.stop.stopping:
                 return False
             self._renewed.clear()

@@ -7,6 +7,9 @@
     Retry, SMTP 4xx, timeouts, dropped       -> RETRYING, queued for retry
       connections, HTTP 408/429/5xx,
       httpx transport errors, anything else
+    a job statement's reply lost             -> RETRYING, counted unknown_outcome: the
+      (OutcomeUnknownError)                     entity is retried as a whole, the
+                                                statement never re-run alone
 
 Connection-level failures (the mail backend or an HTTP peer refusing, timing out or
 dropping) also feed the circuit breaker; throttling (SES, SMTP 454, HTTP 429) also slows
@@ -25,6 +28,7 @@ from batchrun.db.store import State
 from batchrun.errors import (
     BatchrunError,
     MailConnectionError,
+    OutcomeUnknownError,
     PermanentMailError,
     SendingStoppedError,
     TemporaryMailError,
@@ -46,6 +50,7 @@ class Outcome:
     connection: bool = False  # a connection-level failure: feeds the circuit breaker
     throttled: bool = False  # the peer asked to slow down: slows the adaptive rate
     halt: bool = False  # nothing can pass until someone acts: opens the breaker at once
+    unknown: bool = False  # a statement of the job lost its reply: done or not, nobody knows
 
 
 SUCCEEDED = Outcome(State.SENT)
@@ -84,6 +89,8 @@ def classify(exc: BaseException) -> Outcome:
     known = effect_outcome(exc)
     if known is not None:
         return known
+    if isinstance(exc, OutcomeUnknownError):
+        return Outcome(State.RETRYING, _short(str(exc)), unknown=True)
     if isinstance(exc, BatchrunError):
         return Outcome(State.RETRYING, _short(str(exc)))
     return Outcome(State.RETRYING, _short(f"{type(exc).__name__}: {exc}"))

@@ -13,23 +13,44 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
-from batchrun.db.base import Database, now_ms
+from batchrun.db.base import Database
 from batchrun.db.store import FINAL_STATES, MAX_ID, Claim, Scope, Store
 from batchrun.engine import StopToken
-from batchrun.errors import JobError, LockTimeoutError
+from batchrun.errors import JobError, LockTimeoutError, OutcomeUnknownError
 from batchrun.job import Context, Job
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.recorder import Item
 
 log = logging.getLogger(__name__)
+_R = TypeVar("_R")
+
+
+ASK_AGAIN = 5  # times a page or a prepare goes again after its connection was lost
+
+
+async def again_after_lost(what: str, call: Callable[[], Awaitable[_R]]) -> _R:
+    """``call()``, again (up to ``ASK_AGAIN`` times, with backoff) when one of the job's
+    statements in it lost its connection: for ``page`` (a query, by the contract) and
+    ``prepare`` (batched effects keyed like ``process``'s), going again as a whole is safe,
+    as retrying an entity is; the statement itself is never re-run alone."""
+    tries = 0
+    while True:
+        try:
+            return await call()
+        except OutcomeUnknownError as exc:
+            tries += 1
+            if tries > ASK_AGAIN:
+                raise
+            log.warning("%s lost its database connection; asking again: %s", what, exc)
+            await asyncio.sleep(0.1 * 2**tries)
 
 
 async def page(job: Job, ctx: Context, after: int, limit: int) -> list[dict[str, Any]]:
     """``job.page``, checked: rows with an integer ``id`` above ``after``, ascending."""
-    rows = await job.page(ctx, after, limit)
+    rows = await again_after_lost(f"{job.name} page", lambda: job.page(ctx, after, limit))
     last = after
     for row in rows:
         entity_id = row.get("id") if isinstance(row, dict) else None
@@ -59,7 +80,7 @@ async def prepare(job: Job, ctx: Context, rows: list[dict[str, Any]]) -> None:
     addresses = [a for r in rows if isinstance(a := r.get(job.address), str)]
     if addresses:
         await ctx.suppressed(addresses)
-    await job.prepare(ctx, rows)
+    await again_after_lost(f"{job.name} prepare", lambda: job.prepare(ctx, rows))
 
 
 def unfinished(rows: Sequence[dict[str, Any]], ledger: dict[int, Claim]) -> list[dict[str, Any]]:
@@ -202,7 +223,7 @@ class Pager:
                 await asyncio.wait_for(self.stop.wait_stopping(), timeout=self.poll_s)
             ids = sorted(self.foreign)
             claims = await self.store.claims_of(self.scope, ids)
-            now = now_ms()
+            now = await self.store.clock_ms()  # leases are on the server's clock
             takeable = []
             for uid in ids:
                 claim = claims.get(uid)

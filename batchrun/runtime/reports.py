@@ -36,6 +36,8 @@ class Summary(_Report):
     not_queued: int = 0  # temporary failures the retry queue did not take (kept in the ledger)
     left_pending: int = 0  # claimed but not worked on when the run stopped (released)
     lost_claims: int = 0  # entities whose claim another run took over (not done by this one)
+    # entities whose job statement lost its reply (applied or not): retried as a whole
+    unknown_outcome: int = 0
     continuation: bool = False  # the rest of the period was handed on through the queue
     stopped: str | None = None
     throttles: int = 0  # sends the provider throttled (slowed down and sent again)
@@ -46,6 +48,7 @@ class Summary(_Report):
     counters: dict[str, int] = field(default_factory=dict)  # the job's ctx.count names
     month: str | None = None  # a month job's period, under the name batchrun 0.1 used
     error: str | None = None  # why the run ended on an error (a bug in the job), one line
+    paused: bool = False  # the job was paused (`batchrun pause`): the run did nothing
 
     @property
     def exit_code(self) -> int:
@@ -72,6 +75,8 @@ class Summary(_Report):
             del data["month"]
         if data["error"] is None:
             del data["error"]
+        if not data["paused"]:
+            del data["paused"]  # shown only when true
         data.update(counters)
         return data
 
@@ -95,6 +100,7 @@ class RetrySummary(_Report):
     lost_claims: int = 0
     not_eligible: int = 0  # tasks and retries whose entity the page does not return: dropped
     unknown_job: int = 0  # messages for jobs this process does not know: left on the queue
+    unknown_outcome: int = 0  # entities whose job statement lost its reply: retried later
     duration_s: float = 0.0
     unknown_jobs: set[str] = field(default_factory=set)  # their names (not in the JSON)
     error: str | None = None  # why the drain stopped on an error (a bug in a job)
@@ -134,6 +140,7 @@ class RetrySummary(_Report):
         self.failed += summary.failed
         self.dead_lettered += summary.dead_lettered
         self.lost_claims += summary.lost_claims
+        self.unknown_outcome += summary.unknown_outcome
 
     def add_entity(self, state: State | None) -> None:
         """Count one entity a retry or task message named, by how it ended (one that did

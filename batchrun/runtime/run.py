@@ -25,6 +25,7 @@ from batchrun.period import Period
 from batchrun.policy.pacing import BREAKER_REASON, CircuitBreaker
 from batchrun.queue.base import QueueMessage
 from batchrun.runtime.bugs import BugStreak
+from batchrun.runtime.history import CANCELLED
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.outcomes import Outcome
 from batchrun.runtime.pager import LoadGate, Pager, page, unfinished
@@ -56,6 +57,8 @@ class Options:
     # settings' BATCHRUN_MAX_DB_LOAD, else never). MySQL/MariaDB only.
     max_db_load: int | None = None
     on_progress: Callable[[Progress], None] | None = None
+    # Given the run's summary as the run starts: what it reached is known if it fails.
+    on_start: Callable[[Summary], None] | None = None
 
 
 def new_summary(job: Job, period: Period, dry_run: bool) -> Summary:
@@ -84,6 +87,8 @@ async def run_period(
 ) -> Summary:
     """Run ``job`` over ``period`` (entities with ids in (after, until])."""
     summary = new_summary(job, period, dry_run)
+    if options.on_start is not None:
+        options.on_start(summary)
     started = time.monotonic()
     missing = await rt.store.missing_requirements(job)
     if missing is not None:
@@ -101,12 +106,16 @@ async def run_period(
         options.page_size,
     )
     try:
-        async with Lease(rt.store, lease_s=rt.settings.lease_s, stop=stop) as lease:
-            await _run(rt, job, period, options, summary, lease, after, until)
-            summary.lost_claims = lease.lost_claims
+        async with Lease(
+            rt.store, lease_s=rt.settings.lease_s, stop=stop, steering=rt.steering
+        ) as lease:
+            try:
+                await _run(rt, job, period, options, summary, lease, after, until)
+            finally:
+                summary.lost_claims = lease.lost_claims
     finally:
         stop.detach()
-    summary.duration_s = time.monotonic() - started
+        summary.duration_s = time.monotonic() - started
     log.info(
         "%s %s: %s: %d succeeded, %d skipped, %d failed in %.1f s",
         job.name,
@@ -156,6 +165,7 @@ async def _run(
             runner.progress("skipped")
         else:
             summary.failed += 1
+            summary.unknown_outcome += outcome.unknown
             runner.progress("failed")
 
     def claimed(count: int) -> None:
@@ -217,7 +227,7 @@ async def _run(
             summary.stopped = stop.reason or "stopped"
         if bugs.tripped is None and (
             (breaker.open and options.breaker_handoff)
-            or (stop.stopping and not breaker.open and options.handoff)
+            or (stop.stopping and not breaker.open and options.handoff and stop.reason != CANCELLED)
         ):
             await _hand_off(rt, job, period, options, summary, pager, released, until)
     finally:

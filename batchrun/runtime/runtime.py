@@ -24,10 +24,11 @@ from batchrun.ratelimit import AdaptiveRate
 from batchrun.runtime import consume, inspect, preflight
 from batchrun.runtime.bugs import BugStreak
 from batchrun.runtime.consume import Verdict
+from batchrun.runtime.control import Steering
 from batchrun.runtime.lease import Lease
 from batchrun.runtime.pager import recheck
 from batchrun.runtime.reports import FanOut, RetrySummary, Summary
-from batchrun.runtime.run import Options, run_period
+from batchrun.runtime.run import Options, new_summary, run_period
 from batchrun.runtime.sending import Sender, make_limiter
 from batchrun.settings import Settings
 from batchrun.urls import scheme_of
@@ -79,6 +80,7 @@ class Runtime:
         self.bugs = BugStreak(settings.bug_threshold)
         self._warned_unsubscribe = False
         self._checked: list[object] = []  # the backends preflight found usable
+        self.steering = Steering()  # pause / cancel, read at each heartbeat (RunRecord)
 
     @property
     def job(self) -> Job:
@@ -192,10 +194,21 @@ class Runtime:
         which = self._job(job)
         self.compile_templates(which)
         if not dry_run:
+            if await self._paused(which, period):
+                return paused_summary(which, period)
             await self.preflight(which)
         return await run_period(
             self, which, period, options or Options(), dry_run=dry_run, after=after, until=until
         )
+
+    async def _paused(self, job: Job, period: Period) -> bool:
+        """Whether ``batchrun pause`` holds ``job``'s ``period`` now (read afresh)."""
+        await self.steering.refresh(self.store.db)
+        held = self.steering.paused(job.name, str(period))
+        if held is not None:
+            why = f" ({held.reason})" if held.reason else ""
+            log.info("%s %s is paused%s: nothing done (`batchrun resume`)", job.name, period, why)
+        return held is not None
 
     def _job(self, job: Job | str | None) -> Job:
         if job is None:
@@ -449,6 +462,13 @@ class Runtime:
             total += len(rows)
 
 
+def paused_summary(job: Job, period: Period) -> Summary:
+    """The summary of a run that found its job paused: nothing claimed, exit 0."""
+    summary = new_summary(job, period, False)
+    summary.paused = True
+    return summary
+
+
 def _count(result: RetrySummary, verdict: Verdict) -> None:
     """Add one processed message's verdict to the totals, in entities."""
     if verdict.summary is not None:
@@ -464,3 +484,4 @@ def _count(result: RetrySummary, verdict: Verdict) -> None:
         result.dead_lettered += 1
     elif verdict.counted and verdict.outcome is not None:
         result.add_entity(verdict.outcome)
+        result.unknown_outcome += verdict.unknown

@@ -18,3 +18,9 @@ WHERE job = :job AND once_key = :once AND entity_id IN :ids AND owner = :me;
 UPDATE batchrun_ledger FORCE INDEX (PRIMARY)
 SET owner = NULL, lease_until = NULL, updated_at = :now
 WHERE job = :job AND once_key = :once AND entity_id IN :ids AND owner = :me;
+
+-- name: clock_ms
+-- The server's clock in epoch milliseconds: leases are set and compared on it, so hosts
+-- whose clocks differ agree on when a claim expires. UTC_TIMESTAMP(6) is NOW(6) in UTC
+-- (no session time zone, no daylight-saving fold).
+SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000;

@@ -82,3 +82,48 @@ WHERE table_schema = DATABASE() AND table_name = :table;
 -- name: threads_running
 -- What --max-db-load compares with its limit.
 SHOW GLOBAL STATUS LIKE 'Threads_running';
+
+-- name: migrate_0030_run
+-- unless: table batchrun_run
+-- Run history (see common/history.sql): one row per run, retry drain, worker process,
+-- Lambda invocation and events drain. Times are epoch ms on the server's clock; counts
+-- is the run's JSON summary; job and period are NULL for a process serving every job.
+CREATE TABLE IF NOT EXISTS batchrun_run (
+  id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
+  job VARCHAR(32) NULL,
+  period VARCHAR(10) NULL,
+  kind VARCHAR(8) NOT NULL,
+  host VARCHAR(255) NOT NULL,
+  pid INT NOT NULL,
+  version VARCHAR(32) NOT NULL,
+  started_at BIGINT NOT NULL,
+  heartbeat_at BIGINT NOT NULL,
+  ended_at BIGINT NULL,
+  exit_code INT NULL,
+  outcome VARCHAR(10) NOT NULL DEFAULT 'running',
+  counts MEDIUMTEXT NULL,
+  error VARCHAR(500) NULL,
+  KEY idx_batchrun_run_job (job, id),
+  KEY idx_batchrun_run_outcome (outcome)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- name: migrate_0031_control
+-- unless: table batchrun_control
+-- Pause and cancel (see common/control.sql): one row per job and period ('' = every
+-- period of the job). cancelled_at ends the runs going on at that time, not later ones.
+CREATE TABLE IF NOT EXISTS batchrun_control (
+  job VARCHAR(32) NOT NULL,
+  period VARCHAR(10) NOT NULL DEFAULT '',
+  paused TINYINT NOT NULL DEFAULT 0,
+  reason VARCHAR(200) NULL,
+  paused_at BIGINT NULL,
+  cancelled_at BIGINT NULL,
+  updated_at BIGINT NOT NULL,
+  PRIMARY KEY (job, period)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- name: migrate_0032_ledger_run_id
+-- unless: column batchrun_ledger.run_id
+-- The batchrun_run row that last claimed the entity (its step's run, for `why`). Online:
+-- a NULL column without a default is instant on MariaDB 10.11, whatever the ledger's size.
+ALTER TABLE batchrun_ledger ADD COLUMN run_id BIGINT UNSIGNED NULL, ALGORITHM=INSTANT;

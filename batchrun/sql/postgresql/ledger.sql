@@ -12,3 +12,9 @@ ON CONFLICT DO NOTHING;
 -- planner takes it for a handful of rows and reads the whole (job, once_key) range of the
 -- primary key for every finish, release and claims_of instead of looking each id up.
 ANALYZE batchrun_ledger;
+
+-- name: clock_ms
+-- The server's clock in epoch milliseconds: leases are set and compared on it, so hosts
+-- whose clocks differ agree on when a claim expires. clock_timestamp(), not now(): the
+-- time of this statement, not of a transaction's start.
+SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint;

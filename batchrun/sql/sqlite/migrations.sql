@@ -94,3 +94,53 @@ SELECT stat FROM sqlite_stat1 WHERE tbl = :table ORDER BY idx IS NOT NULL LIMIT 
 -- A table's rows without naming it in SQL (an identifier cannot be bound): the cells of its
 -- b-tree's leaf pages, from the dbstat virtual table (`db migrate --plan`).
 SELECT SUM(ncell) FROM dbstat WHERE name = :table AND pagetype = 'leaf';
+
+-- name: migrate_0030_run
+-- unless: table batchrun_run
+-- Run history (see common/history.sql): one row per run, retry drain, worker process,
+-- Lambda invocation and events drain. Times are epoch ms; counts is the run's JSON
+-- summary; job and period are NULL for a process serving every job.
+CREATE TABLE IF NOT EXISTS batchrun_run (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  job TEXT NULL,
+  period TEXT NULL,
+  kind TEXT NOT NULL,
+  host TEXT NOT NULL,
+  pid INTEGER NOT NULL,
+  version TEXT NOT NULL,
+  started_at INTEGER NOT NULL,
+  heartbeat_at INTEGER NOT NULL,
+  ended_at INTEGER NULL,
+  exit_code INTEGER NULL,
+  outcome TEXT NOT NULL DEFAULT 'running',
+  counts TEXT NULL,
+  error TEXT NULL
+);
+
+-- name: migrate_0031_run_job_index
+-- unless: index batchrun_run.idx_batchrun_run_job
+CREATE INDEX IF NOT EXISTS idx_batchrun_run_job ON batchrun_run (job, id);
+
+-- name: migrate_0032_run_outcome_index
+-- unless: index batchrun_run.idx_batchrun_run_outcome
+CREATE INDEX IF NOT EXISTS idx_batchrun_run_outcome ON batchrun_run (outcome);
+
+-- name: migrate_0033_control
+-- unless: table batchrun_control
+-- Pause and cancel (see common/control.sql): one row per job and period ('' = every
+-- period of the job). cancelled_at ends the runs going on at that time, not later ones.
+CREATE TABLE IF NOT EXISTS batchrun_control (
+  job TEXT NOT NULL,
+  period TEXT NOT NULL DEFAULT '',
+  paused INTEGER NOT NULL DEFAULT 0,
+  reason TEXT NULL,
+  paused_at INTEGER NULL,
+  cancelled_at INTEGER NULL,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (job, period)
+) WITHOUT ROWID;
+
+-- name: migrate_0034_ledger_run_id
+-- unless: column batchrun_ledger.run_id
+-- The batchrun_run row that last claimed the entity (its step's run, for `why`).
+ALTER TABLE batchrun_ledger ADD COLUMN run_id INTEGER NULL;

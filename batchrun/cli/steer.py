@@ -1,0 +1,132 @@
+"""``batchrun pause``, ``resume`` and ``cancel``: control rows every running process of the
+job reads at its next heartbeat, whichever host it is on."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from batchrun.backends import open_backends
+from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.conventions import examples, stderr
+from batchrun.period import parse as parse_period
+from batchrun.runtime.control import Controls
+
+JobArgument = Annotated[str, typer.Argument(help="The job's name (see `batchrun jobs`).")]
+
+
+def _period(context: Context, job: str, period: str | None) -> str | None:
+    """The period as the job writes it (2025-6 -> 2025-06); exit 2 when malformed or the
+    job is unknown."""
+    unit = context.registry.get_job(job).period
+    if period is None:
+        return None
+    try:
+        return str(parse_period(unit, period))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--period") from None
+
+
+PeriodOption = Annotated[
+    str | None,
+    typer.Option("--period", help="Only this period of the job; default: every period."),
+]
+
+
+@app.command(
+    "pause",
+    epilog=examples(
+        'batchrun pause birthday --reason "SES complaint rate"',
+        "batchrun pause renewal --period 2025-06-01",
+    ),
+)
+def pause(
+    ctx: typer.Context,
+    job: JobArgument,
+    period: PeriodOption = None,
+    reason: Annotated[
+        str | None, typer.Option("--reason", metavar="TEXT", help="Why, shown by `status`.")
+    ] = None,
+) -> None:
+    """Pause JOB: its running processes start no new entity (those in flight finish; their
+    claims stay alive) until `batchrun resume`. A run started while it is paused exits 0 at
+    once and claims nothing (cron and the scheduled Lambda too); queue consumers leave its
+    messages on the queue.
+    """
+    context: Context = ctx.obj
+
+    async def go() -> int:
+        which = _period(context, job, period)
+        async with open_backends(context.settings) as backends:
+            await Controls(backends.store.db).pause(job, which, reason)
+        stderr.print(
+            f"paused {job} {which or '(every period)'}: running processes hold at their next "
+            "heartbeat; `batchrun resume` lets them go on",
+            highlight=False,
+        )
+        return 0
+
+    run_command(ctx, go)
+
+
+@app.command(
+    "resume",
+    epilog=examples(
+        "batchrun resume birthday",
+        "batchrun resume renewal --period 2025-06-01",
+    ),
+)
+def resume(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) -> None:
+    """Resume JOB (or one period of it) after `batchrun pause`: paused processes go on at
+    their next heartbeat.
+    """
+    context: Context = ctx.obj
+
+    async def go() -> int:
+        which = _period(context, job, period)
+        async with open_backends(context.settings) as backends:
+            controls = Controls(backends.store.db)
+            cleared = await controls.resume(job, which)
+            still = [c for c in await controls.rows() if c.job == job and c.paused]
+        if not cleared:
+            stderr.print(f"{job} {which or ''} was not paused".strip(), highlight=False)
+        else:
+            stderr.print(f"resumed {job} {which or '(every period)'}", highlight=False)
+        if still:
+            stderr.print(
+                f"{job} stays paused for every period: `batchrun resume {job}` clears it",
+                highlight=False,
+            )
+        return 0
+
+    run_command(ctx, go)
+
+
+@app.command(
+    "cancel",
+    epilog=examples(
+        "batchrun cancel birthday",
+        "batchrun cancel renewal --period 2025-06-01",
+    ),
+)
+def cancel(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) -> None:
+    """Cancel the runs of JOB going on now (or of one period): at their next heartbeat they
+    stop as on Ctrl-C. In-flight entities finish, the rest stay pending for a later run;
+    they exit 130 (JSON `"stopped": "cancelled"`). Runs started afterwards are not
+    affected (use `batchrun pause` to keep them from starting).
+    """
+    context: Context = ctx.obj
+
+    async def go() -> int:
+        which = _period(context, job, period)
+        async with open_backends(context.settings) as backends:
+            await Controls(backends.store.db).cancel(job, which)
+        stderr.print(
+            f"cancelled the running {job} {which or ''} runs: they stop at their next "
+            "heartbeat".replace("  ", " "),
+            highlight=False,
+        )
+        return 0
+
+    run_command(ctx, go)

@@ -1,0 +1,64 @@
+"""``batchrun why``: one entity's story, in time order (runtime/story.py tells it)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from batchrun.backends import open_backends
+from batchrun.cli.app import Context, app, period_option, run_command
+from batchrun.cli.conventions import examples, print_table, stdout
+from batchrun.runtime import story
+
+
+@app.command(
+    "why",
+    epilog=examples(
+        "batchrun why birthday 42 --period 2025-06",
+        "batchrun why birthday 42 --json",
+    ),
+)
+def why(
+    ctx: typer.Context,
+    job: Annotated[str, typer.Argument(metavar="JOB", help="The job's name.")],
+    entity: Annotated[int, typer.Argument(metavar="ID", min=1, help="The entity's id.")],
+    period: Annotated[
+        str | None, typer.Option("--period", help="The job's period; default: now (UTC).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", metavar="", help="Print one JSON object.")
+    ] = False,
+) -> None:
+    """Tell what became of entity ID in JOB's period, in time order.
+
+    Whether a run would take it now (and why not: not in the job's page, an invalid or
+    suppressed address), its ledger state, attempts and last error, the Message-ID of its
+    email and when it was accepted, bounces, complaints and unsubscribes, its messages on
+    the retry or dead-letter queue, and the run that did each step. Reads only.
+    """
+    context: Context = ctx.obj
+    settings = context.settings
+
+    async def go() -> int:
+        entry = context.registry.entry(job)
+        which = period_option(entry.job.period, period, "--period")
+        async with open_backends(settings, queue=True, jobs=[entry.job]) as backends:
+            told = await story.tell(context.runtime(backends), entry.job, which, entity)
+        if as_json:
+            print(json.dumps(told.to_json()))
+            return 0
+        head = "eligible now" if told.eligible else "not eligible now"
+        stdout.print(
+            f"{told.job} {told.period} entity {told.entity_id}: {head}, "
+            f"ledger state {told.state or '(none)'}",
+            highlight=False,
+        )
+        print_table(
+            ("at (UTC)", "what", "detail", "run"),
+            [(story.iso(e.at), e.what, e.detail, e.run_id) for e in told.events],
+        )
+        return 0
+
+    run_command(ctx, go)

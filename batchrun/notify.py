@@ -1,0 +1,131 @@
+"""The end-of-run webhook: ``BATCHRUN_NOTIFY_URL`` gets a Slack-compatible JSON POST.
+
+``BATCHRUN_NOTIFY_ON=failure`` (the default) posts when a run ends with exit 1, 3 or 130,
+or when the dead-letter queue grew during the run; ``always`` posts at every end. The
+body is ``{"text", "job", "period", "outcome", "exit_code", "counts", "run_id", "host"}``
+(Slack shows ``text``; other receivers read the fields).
+
+Delivery never changes the exit code and never blocks the run's end more than
+``TIMEOUT_S``: a failure (refused, timed out, an HTTP error) is one log line, with the
+URL's secret parts (a Slack hook's path is its credential) left out. The standard
+library's HTTP client in a thread: no runtime dependency for one POST.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from batchrun.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = 5.0
+FAILURE_EXITS = frozenset({1, 3, 130})
+NotifyOn = Literal["failure", "always"]
+
+
+def where(url: str) -> str:
+    """The URL as a log line may show it: scheme, host and port only."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+
+
+class Notifier:
+    """Posts a run's end to a webhook, if it is one to tell."""
+
+    def __init__(self, url: str, *, on: NotifyOn = "failure", timeout_s: float = TIMEOUT_S) -> None:
+        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+            raise ConfigError(f"BATCHRUN_NOTIFY_URL must be an http(s):// URL, got {where(url)}")
+        self.url = url
+        self.on = on
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Notifier | None:
+        """The notifier ``BATCHRUN_NOTIFY_URL`` / ``BATCHRUN_NOTIFY_ON`` describe (None:
+        no URL).
+
+        Raises:
+            ConfigError: a URL that is not http(s), or an unknown ``BATCHRUN_NOTIFY_ON``.
+        """
+        url = environ.get("BATCHRUN_NOTIFY_URL", "").strip()
+        if not url:
+            return None
+        on = environ.get("BATCHRUN_NOTIFY_ON", "").strip().lower() or "failure"
+        if on not in ("failure", "always"):
+            raise ConfigError(f"BATCHRUN_NOTIFY_ON must be failure or always, got {on[:20]!r}")
+        return cls(url, on="always" if on == "always" else "failure")
+
+    def wanted(self, exit_code: int, *, dead_letters_grew: bool) -> bool:
+        return self.on == "always" or exit_code in FAILURE_EXITS or dead_letters_grew
+
+    async def send(self, payload: dict[str, Any]) -> bool:
+        """POST ``payload``; whether the receiver answered 2xx. Never raises."""
+        body = json.dumps(payload, default=str).encode()
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._post, body), self.timeout_s + 0.5)
+        except Exception as exc:
+            log.warning("run notification to %s not delivered: %s", where(self.url), _why(exc))
+            return False
+        return True
+
+    def _post(self, body: bytes) -> None:
+        request = urllib.request.Request(  # noqa: S310 (http(s) only, checked in __init__)
+            self.url,
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json", "User-Agent": "batchrun"},
+        )
+        with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
+            response.read(1024)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {TIMEOUT_S:g} s"
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"HTTP {exc.code}"
+    if isinstance(exc, urllib.error.URLError):
+        return str(exc.reason)
+    return type(exc).__name__ + (f": {exc}" if str(exc) else "")
+
+
+def payload(
+    *,
+    job: str | None,
+    period: str | None,
+    kind: str,
+    outcome: str,
+    exit_code: int,
+    counts: dict[str, Any] | None,
+    run_id: int | None,
+    host: str,
+    error: str | None = None,
+) -> dict[str, Any]:
+    """The webhook's JSON body: ``text`` for Slack, and the run's fields."""
+    what = " ".join(x for x in (job or kind, period) if x)
+    text = f"batchrun {what}: {outcome} (exit {exit_code})"
+    if run_id is not None:
+        text += f", run {run_id}"
+    text += f" on {host}"
+    if error:
+        text += f": {error}"
+    return {
+        "text": text,
+        "job": job,
+        "period": period,
+        "kind": kind,
+        "outcome": outcome,
+        "exit_code": exit_code,
+        "counts": counts,
+        "run_id": run_id,
+        "host": host,
+    }

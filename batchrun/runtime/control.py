@@ -1,0 +1,154 @@
+"""Pause, resume and cancel: ``batchrun_control`` rows, and what a running process does
+with them (see DESIGN.md, "See and steer").
+
+``pause JOB [--period P]`` sets a row paused (period '' is every period of the job);
+``resume`` clears it; ``cancel`` stamps it with the time it was given. Every process
+reads the rows at its heartbeat (``Steering.refresh``), whichever host it is on:
+
+- paused: the fence (``Lease.fence``) holds every worker before its next effect, so
+  in-flight entities finish and no new one starts; the heartbeat keeps the claims alive.
+  A run that starts while its job is paused claims nothing and ends at once (exit 0).
+  Queue consumers leave a paused job's messages on the queue for later.
+- cancelled: the runs going on when it was given stop as on SIGINT (in-flight entities
+  finish, the rest are left pending, exit 130, ``"stopped": "cancelled"``); a run that
+  starts later is not affected.
+
+Times are epoch ms on each host's clock, as the leases' are.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from batchrun.db.base import Database, now_ms
+from batchrun.engine import StopToken
+from batchrun.runtime.history import CANCELLED
+
+if TYPE_CHECKING:
+    from batchrun.db.store import Scope
+
+log = logging.getLogger(__name__)
+EVERY_PERIOD = ""
+MAX_REASON_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """One ``batchrun_control`` row."""
+
+    job: str
+    period: str  # '' = every period of the job
+    paused: bool
+    reason: str | None
+    paused_at: int | None
+    cancelled_at: int | None
+
+
+class Controls:
+    """Writes and reads ``batchrun_control`` (the commands and the dashboard)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def pause(self, job: str, period: str | None = None, reason: str | None = None) -> None:
+        text = (reason or "")[:MAX_REASON_CHARS] or None
+        await self.db.execute(
+            "control_pause", job=job, period=period or EVERY_PERIOD, reason=text, now=now_ms()
+        )
+
+    async def resume(self, job: str, period: str | None = None) -> bool:
+        """Clear the pause (of one period, or of every period of the job); whether one was
+        cleared."""
+        if period is None:
+            changed = await self.db.execute("control_resume_job", job=job, now=now_ms())
+        else:
+            changed = await self.db.execute(
+                "control_resume_period", job=job, period=period, now=now_ms()
+            )
+        return changed > 0
+
+    async def cancel(self, job: str, period: str | None = None) -> None:
+        await self.db.execute(
+            "control_cancel", job=job, period=period or EVERY_PERIOD, now=now_ms()
+        )
+
+    async def rows(self) -> list[Control]:
+        return [
+            Control(
+                job=str(r[0]),
+                period=str(r[1]),
+                paused=bool(r[2]),
+                reason=r[3],
+                paused_at=None if r[4] is None else int(r[4]),
+                cancelled_at=None if r[5] is None else int(r[5]),
+            )
+            for r in await self.db.fetchall("control_rows")
+        ]
+
+
+def _matches(row: Control, job: str, period: str | None) -> bool:
+    return row.job == job and (row.period == EVERY_PERIOD or row.period == period)
+
+
+class Steering:
+    """A process's view of the control rows, refreshed at its heartbeat, and the work
+    it steers: the stop tokens of what runs now, each with the time it started."""
+
+    def __init__(self) -> None:
+        self._rows: list[Control] = []
+        self._steered: dict[int, tuple[StopToken, str | None, str | None, int, set[Scope]]] = {}
+        self._was_paused: set[tuple[str, str]] = set()
+        self.on_change: Callable[[], None] | None = None  # a pause began or ended
+
+    def paused(self, job: str, period: str | None) -> Control | None:
+        """The row that pauses ``job``'s ``period`` (None: not paused)."""
+        for row in self._rows:
+            if row.paused and _matches(row, job, period):
+                return row
+        return None
+
+    def any_paused(self, scopes: Iterable[Scope]) -> bool:
+        return any(self.paused(s.job, s.period) is not None for s in scopes)
+
+    def steer(
+        self,
+        stop: StopToken,
+        *,
+        job: str | None = None,
+        period: str | None = None,
+        scopes: set[Scope] | None = None,
+    ) -> Callable[[], None]:
+        """Stop ``stop`` (reason 'cancelled') when a cancel given from now on names its
+        job (``job`` and ``period``, or any of the live set ``scopes``); return a function
+        that ends this."""
+        key = id(stop)
+        self._steered[key] = (stop, job, period, now_ms(), scopes if scopes is not None else set())
+
+        def done() -> None:
+            self._steered.pop(key, None)
+
+        return done
+
+    async def refresh(self, db: Database) -> None:
+        """Read the control rows; stop what a new cancel names; tell ``on_change``."""
+        self._rows = await Controls(db).rows()
+        for stop, job, period, since, scopes in list(self._steered.values()):
+            if stop.stopping:
+                continue
+            named = [(job, period)] if job is not None else []
+            named += [(s.job, s.period) for s in scopes]
+            for row in self._rows:
+                if row.cancelled_at is None or row.cancelled_at < since:
+                    continue
+                if any(j is not None and _matches(row, j, p) for j, p in named):
+                    log.warning("cancelled: %s %s", row.job, row.period or "(every period)")
+                    stop.request(CANCELLED)
+                    break
+        now_paused = {(r.job, r.period) for r in self._rows if r.paused}
+        if now_paused != self._was_paused:
+            self._was_paused = now_paused
+            if self.on_change is not None:
+                self.on_change()

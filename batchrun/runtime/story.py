@@ -1,0 +1,251 @@
+"""One entity's story: what batchrun knows of it, in time order (``batchrun why`` and the
+dashboard's entity page both tell it from here).
+
+Nothing is claimed, written or sent. The story is put together from what is stored:
+
+- eligible now: the job's page returns the entity, its address is valid and not on the
+  suppression list (the checks a run makes before it acts);
+- the ledger row of the entity's ``once_per`` period: state, attempts, the last error, the
+  claim; a sent entity's Message-ID (stable per key) and when it was accepted;
+- bounces and complaints (the row's ``mail_event``) and the suppression list's entry for the
+  address (unsubscribes, bounces, complaints, manual);
+- the local queue's messages for the entity, waiting or dead-lettered (an SQS queue cannot be
+  read without receiving: the ledger's ``queued`` flag stands in for it);
+- the run that did each step: the ledger's ``run_id`` (the run that claimed it), else the
+  run history's run of the job going on at that moment.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parseaddr
+from typing import TYPE_CHECKING, Any
+
+from batchrun.db.base import now_ms
+from batchrun.db.store import FINAL_STATES, State
+from batchrun.job import Context, Job
+from batchrun.mail.base import valid_address
+from batchrun.period import Period
+from batchrun.queue.local import LocalQueue
+from batchrun.runtime.history import History
+from batchrun.runtime.inspect import NoEffects
+from batchrun.runtime.pager import recheck
+
+if TYPE_CHECKING:
+    from batchrun.runtime.runtime import Runtime
+
+STATE_NAMES = {0: "pending", 1: "sent", 2: "skipped", 3: "retrying", 4: "failed"}
+MAX_MESSAGES = 100  # queue messages shown for one entity (there is one retry at a time)
+
+# (job, epoch ms) -> the id of the run of that job going on at that moment, if known.
+RunFinder = Callable[[str, int], Awaitable[int | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One step of the story: when (epoch ms), what, the detail, and the run that did it."""
+
+    at: int
+    what: str
+    detail: str = ""
+    run_id: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "at": iso(self.at),
+            "what": self.what,
+            "detail": self.detail,
+            "run_id": self.run_id,
+        }
+
+
+@dataclass(slots=True)
+class Story:
+    """An entity's story for one job and period."""
+
+    job: str
+    entity_id: int
+    period: str
+    eligible: bool
+    state: str | None  # the ledger state's name; None: no run has touched it
+    events: list[Event] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "entity_id": self.entity_id,
+            "period": self.period,
+            "eligible": self.eligible,
+            "state": self.state,
+            "events": [e.to_json() for e in self.events],
+        }
+
+
+def iso(ms: int) -> str:
+    """Epoch milliseconds as an ISO 8601 UTC time, to the millisecond."""
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def message_id(job: Job, key: str, sender: str) -> str:
+    """The Message-ID batchrun gives the entity's email (runtime/sending.py's formula)."""
+    domain = parseaddr(sender)[1].rpartition("@")[2]
+    return f"<{key.replace(':', '.')}@{domain or 'localhost'}>"
+
+
+async def tell(
+    rt: Runtime, job: Job, period: Period, entity_id: int, *, runs_at: RunFinder | None = None
+) -> Story:
+    """The story of ``entity_id`` for ``job``'s ``period``; reads only."""
+    ctx = Context(job, period, rt.store.jobdb, NoEffects(rt.store), dry_run=True)
+    ctx = ctx.entity(entity_id)
+    now = now_ms()
+    events: list[Event] = []
+    eligible, address, why_not = await _eligibility(rt, job, ctx, entity_id)
+    state: str | None = None
+    row = await rt.store.db.fetchone("story_ledger", job=job.name, once=str(ctx.once), id=entity_id)
+    if row is None:
+        events.append(Event(now, "no ledger row", f"no run has claimed it for {ctx.once}"))
+    else:
+        state = STATE_NAMES.get(int(row[1]), str(row[1]))
+        events += _ledger_events(rt, job, ctx, row, now)
+        if eligible and int(row[1]) in FINAL_STATES:
+            eligible, why_not = False, f"finished for {ctx.once} ({state}): runs leave it"
+    events.append(Event(now, "eligible now" if eligible else "not eligible now", why_not))
+    if address is not None:
+        events += await _suppression_events(rt, address)
+    events += await _queue_events(rt, job, entity_id)
+    finder = runs_at or await history_finder(rt)
+    events = [
+        Event(e.at, e.what, e.detail, await finder(job.name, e.at))
+        if e.run_id is None and _by_a_run(e)
+        else e
+        for e in events
+    ]
+    events.sort(key=lambda e: (e.at, e.what != "eligible now" and e.what != "not eligible now"))
+    return Story(job.name, entity_id, str(period), eligible, state, events)
+
+
+def _by_a_run(event: Event) -> bool:
+    """Steps a process recorded in the run history takes: outcomes, queue messages, and
+    bounces and complaints (an ``events`` drain). Not the look-ups made now, nor an
+    unsubscribe or a manual suppression (a person's doing)."""
+    return event.what not in (
+        "eligible now",
+        "not eligible now",
+        "no ledger row",
+        "unsubscribed",
+        "suppressed (manual)",
+    )
+
+
+async def history_finder(rt: Runtime, limit: int = 1000) -> RunFinder:
+    """The run of a job (or a process serving every job) going on at a moment, from the
+    newest ``limit`` rows of the run history."""
+    runs = await History(rt.store.db, lease_s=rt.settings.lease_s).runs(limit=limit)
+
+    async def find(job: str, at: int) -> int | None:
+        for run in runs:  # newest first: the innermost of overlapping runs wins
+            end = run.ended_at if run.ended_at is not None else run.heartbeat_at
+            if run.job in (job, None) and run.started_at <= at <= end:
+                return run.id
+        return None
+
+    return find
+
+
+async def _eligibility(
+    rt: Runtime, job: Job, ctx: Context, entity_id: int
+) -> tuple[bool, str | None, str]:
+    """Whether a run would act on the entity now, its address, and why not."""
+    row = await recheck(job, ctx, entity_id)
+    if row is None:
+        return False, None, "the job's page does not return it now"
+    column = getattr(job, "address", "email")
+    address = row.get(column)
+    if not isinstance(address, str):
+        return True, None, "the job's page returns it"
+    if not valid_address(address):
+        return False, address, f"invalid address in {column}"
+    reason = (await rt.store.suppressed([address])).get(address)
+    if reason is not None:
+        return False, address, f"suppressed: {reason}"
+    return True, address, "the job's page returns it; the address is valid and not suppressed"
+
+
+def _ledger_events(
+    rt: Runtime, job: Job, ctx: Context, row: Sequence[Any], now: int
+) -> list[Event]:
+    """The ledger row as steps: its state at its last change, and a bounce or complaint."""
+    period, state, attempts, owner, lease_until = row[0], int(row[1]), int(row[2]), row[3], row[4]
+    queued, error, updated, mail_event = bool(row[5]), row[6], int(row[7]), row[8]
+    run = None if row[9] is None else int(row[9])  # the run that claimed it last
+    tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
+    out: list[Event] = []
+    if state == State.SENT:
+        mid = message_id(job, ctx.key, rt.settings.sender_for(job))
+        out.append(
+            Event(updated, "sent", f"Message-ID {mid} accepted ({tries}; period {period})", run)
+        )
+    elif state == State.SKIPPED:
+        out.append(Event(updated, "skipped", error or "skipped", run))
+    elif state == State.RETRYING:
+        waits = "a retry message is queued" if queued else "no retry message queued yet"
+        out.append(Event(updated, "retrying", f"{tries}, last error: {error or '?'}; {waits}", run))
+    elif state == State.FAILED:
+        out.append(Event(updated, "failed", f"for good after {tries}: {error or '?'}", run))
+    elif owner is not None and lease_until is not None and int(lease_until) > now:
+        out.append(Event(updated, "claimed", f"a run holds it ({tries} before this one)", run))
+    else:
+        left = f"; last error: {error}" if error else ""
+        out.append(Event(updated, "pending", f"claimed once, not finished ({tries}{left})", run))
+    if mail_event in ("bounce", "complaint"):
+        out.append(Event(updated, mail_event, "reported by the mail provider for this email"))
+    return out
+
+
+async def _suppression_events(rt: Runtime, address: str) -> list[Event]:
+    entry = await rt.store.suppression(address)
+    if entry is None:
+        return []
+    what = "unsubscribed" if entry.reason == "unsubscribe" else f"suppressed ({entry.reason})"
+    source = f" from {entry.source}" if entry.source else ""
+    return [Event(entry.created_at, what, f"the address is on the suppression list{source}")]
+
+
+async def _queue_events(rt: Runtime, job: Job, entity_id: int) -> list[Event]:
+    """The local queue's messages for the entity (retries and tasks)."""
+    if not isinstance(rt.queue, LocalQueue):
+        return []
+    rows = await rt.store.db.fetchall(
+        "story_queue",
+        job_like=f'%"job":"{job.name}"%',
+        id_like=f'%"id":{entity_id},%',
+        limit=MAX_MESSAGES,
+    )
+    out: list[Event] = []
+    for message_id_, body, visible_at, receives, dead, dead_reason, created in rows:
+        try:
+            data = json.loads(body)
+        except ValueError:
+            continue
+        named = data.get("id", data.get("user_id")) if isinstance(data, dict) else None
+        if not isinstance(data, dict) or data.get("job") != job.name or named != entity_id:
+            continue
+        kind = data.get("kind", "retry")
+        reason = data.get("reason") or ""
+        if dead:
+            detail = f"message {message_id_} ({kind}): {dead_reason or reason or '?'}"
+            out.append(Event(int(created), "dead-lettered", detail))
+        else:
+            when = iso(int(visible_at))
+            detail = (
+                f"message {message_id_} ({kind}, period {data.get('period')}), "
+                f"received {receives} times, visible from {when}"
+                + (f"; reason: {reason}" if reason else "")
+            )
+            out.append(Event(int(created), f"{kind} message waiting", detail))
+    return out

@@ -1,0 +1,121 @@
+"""The dashboard's view of the run history and its steering: the one place it reads
+``batchrun_run`` (runtime/history.py) and pauses, resumes or cancels
+(runtime/control.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchrun.errors import UsageError
+from batchrun.job import Job
+from batchrun.period import Period
+from batchrun.runtime.control import EVERY_PERIOD, Controls
+from batchrun.runtime.history import History, RunRow, iso
+from batchrun.runtime.runtime import Runtime
+from batchrun.runtime.story import STATE_NAMES
+from batchrun.urls import mask_text
+
+ACTIONS = ("pause", "resume", "cancel")
+SHOWN_RUNS = 50
+SHOWN_PROBLEMS = 200
+
+
+def _history(rt: Runtime) -> History:
+    return History(rt.store.db, lease_s=rt.settings.lease_s)
+
+
+def _masked(rt: Runtime, text: str | None) -> str:
+    settings = rt.settings
+    return mask_text(text or "", settings.db_url, settings.mail_url, settings.retry_queue_url)
+
+
+def row_view(rt: Runtime, run: RunRow) -> dict[str, Any]:
+    """A run row as the pages show it."""
+    return {
+        "id": run.id,
+        "job": run.job or "(every job)",
+        "period": run.period or "",
+        "kind": run.kind,
+        "host": run.host,
+        "pid": run.pid,
+        "outcome": run.outcome,
+        "started": (iso(run.started_at) or "").replace("T", " ")[:19],
+        "when": (iso(run.ended_at or run.heartbeat_at) or "").replace("T", " ")[:19],
+        "took": f"{run.duration_s:.1f} s",
+        "counts": run.counts or {},
+        "error": _masked(rt, run.error),
+    }
+
+
+async def runs_now(rt: Runtime, job: Job) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The job's last run that is over, and its runs going on now."""
+    history = _history(rt)
+    last = (await history.last_per_job()).get(job.name)
+    running = [row_view(rt, r) for r in await history.running() if r.job == job.name]
+    return (row_view(rt, last) if last is not None else None), running
+
+
+async def runs_of(rt: Runtime, job: Job, limit: int = SHOWN_RUNS) -> list[dict[str, Any]]:
+    """The job's runs, newest first."""
+    return [row_view(rt, r) for r in await _history(rt).runs(job.name, limit=limit)]
+
+
+async def run(rt: Runtime, run_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+    """One run's row and the entities of its period not done (with their reasons)."""
+    found = await _history(rt).get(run_id)
+    if found is None:
+        return None
+    view = row_view(rt, found)
+    view["fields"] = [
+        ("kind", found.kind),
+        ("host", found.host),
+        ("pid", found.pid),
+        ("version", found.version),
+        ("started", iso(found.started_at)),
+        ("last heartbeat", iso(found.heartbeat_at)),
+        ("ended", iso(found.ended_at) or ""),
+        ("took", view["took"]),
+        ("exit code", "" if found.exit_code is None else found.exit_code),
+        ("error", view["error"]),
+    ]
+    problems: list[dict[str, Any]] = []
+    if found.job is not None and found.period is not None:
+        counts = await rt.store.status(job=found.job, period=found.period, problems=SHOWN_PROBLEMS)
+        problems = [
+            {
+                "id": uid,
+                "state": STATE_NAMES.get(state, str(state)),
+                "attempts": attempts,
+                "reason": reason or "",
+            }
+            for uid, state, attempts, reason in counts.problems
+        ]
+    return view, problems
+
+
+async def paused(rt: Runtime, job: Job, period: str) -> bool:
+    """Whether the job's period (or every period of the job) is paused."""
+    for row in await Controls(rt.store.db).rows():
+        if row.job == job.name and row.paused and row.period in (EVERY_PERIOD, period):
+            return True
+    return False
+
+
+async def steer(
+    rt: Runtime, job: Job, period: Period | None, action: str, reason: str | None
+) -> str:
+    """Pause, resume or cancel the job's period (None: every period of the job); the line
+    the page shows."""
+    controls = Controls(rt.store.db)
+    which = None if period is None else str(period)
+    what = f"{job.name} {which}" if which else job.name
+    if action == "pause":
+        await controls.pause(job.name, which, reason or "from the dashboard")
+        return f"{what} paused: running processes hold at their next heartbeat"
+    if action == "resume":
+        resumed = await controls.resume(job.name, which)
+        return f"{what} resumed" if resumed else f"{what} was not paused"
+    if action == "cancel":
+        await controls.cancel(job.name, which)
+        return f"{what} cancelled: the runs going on now stop at their next heartbeat"
+    raise UsageError(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
