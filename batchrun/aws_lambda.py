@@ -7,10 +7,13 @@ Events:
   (``"month"`` is read as the period too, as batchrun 0.1 wrote it).
 - SQS event: process the records (retries, submitted tasks, continuations, shards) and
   report the ones that failed in ``{"batchItemFailures": [{"itemIdentifier": id}, ...]}``.
-  A record from ``BATCHRUN_EVENTS_QUEUE``, or whose body is an SES event notification
-  (SNS-wrapped or raw), is a bounce, complaint or other SES event
-  (``batchrun.mail.events``): applied with the database alone; one that is no SES event
-  fails, so the events queue's redrive policy moves it to its dead-letter queue.
+  A record from ``BATCHRUN_EVENTS_QUEUE`` (the events queue's ARN; its URL works too) is a
+  bounce, complaint or other SES event (``batchrun.mail.events``), applied with the
+  database alone, each record on its own; with ``BATCHRUN_EVENTS_TOPIC`` set, only SNS
+  notifications from that topic. One that is no SES event, or is from another topic,
+  fails alone, so the events queue's redrive policy moves it to its dead-letter queue.
+  A body shaped like an SES event on any other queue is never applied: it is read as a
+  retry message, and so is poison.
 - HTTP event (a Function URL or an API Gateway HTTP API, payload 2.0) on
   ``BATCHRUN_UNSUBSCRIBE_URL/TOKEN``: POST suppresses the token's address (RFC 8058
   one-click, no login) and answers 200; GET answers a page with a confirm button; a bad
@@ -306,8 +309,8 @@ async def _sqs(
     ]
     failures: list[dict[str, str]] = []
     metrics: dict[str, float] = {"Messages": len(items)}
-    events_queue = _queue_name(settings.environ.get("BATCHRUN_EVENTS_QUEUE", ""))
-    ses = [_is_mail_event(r, events_queue) for r in records]
+    events_queue = settings.environ.get("BATCHRUN_EVENTS_QUEUE", "")
+    ses = [_from_events_queue(r, events_queue) for r in records]
     if any(ses):
         failures, metrics["MailEvents"] = await _mail_events(
             settings, registry, stop, [item for item, yes in zip(items, ses, strict=True) if yes]
@@ -316,6 +319,13 @@ async def _sqs(
         if not items:
             metrics["Failures"] = len(failures)
             return {"batchItemFailures": failures}, metrics
+    if not events_queue and any(mail_events.looks_like(item.body) for item in items):
+        # So a deployment that relied on the shape alone learns why its SES events now
+        # fail (whoever may send to the retry queue could suppress any address).
+        log.warning(
+            "an SES event notification on a queue other than BATCHRUN_EVENTS_QUEUE (unset) "
+            "is not applied: set BATCHRUN_EVENTS_QUEUE to the events queue's ARN"
+        )
     async with open_backends(
         settings,
         mail=True,
@@ -352,30 +362,48 @@ async def _sqs(
     return {"batchItemFailures": failures}, metrics
 
 
-def _queue_name(url_or_arn: str) -> str:
-    """A queue's name from its URL (``.../ACCOUNT/NAME``) or ARN (``...:ACCOUNT:NAME``)."""
-    return url_or_arn.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+def _queue_id(url_or_arn: str) -> tuple[str, str, str]:
+    """(region, account, name) of a queue from its ARN (``arn:aws:sqs:REGION:ACCOUNT:NAME``)
+    or URL (``https://sqs.REGION.amazonaws.com/ACCOUNT/NAME``; region "" when the host
+    does not say, as an emulator's does not)."""
+    text = url_or_arn.strip()
+    if text.startswith("arn:"):
+        parts = text.split(":")
+        return (parts[3], parts[4], parts[5]) if len(parts) == 6 else ("", "", text)
+    path = text.rstrip("/").split("/")
+    host = path[2] if len(path) >= 5 and "://" in text else ""
+    labels = host.split(".")
+    region = labels[1] if len(labels) > 2 and labels[0] == "sqs" else ""
+    return (region, path[-2], path[-1]) if len(path) >= 5 else ("", "", text)
 
 
-def _is_mail_event(record: Mapping[str, Any], events_queue: str) -> bool:
-    source = _queue_name(str(record.get("eventSourceARN", "")))
-    if events_queue and source == events_queue:
-        return True
-    return mail_events.looks_like(str(record.get("body", "")))
+def _from_events_queue(record: Mapping[str, Any], events_queue: str) -> bool:
+    """Whether a record came from ``BATCHRUN_EVENTS_QUEUE``: only those are read as SES
+    events, so a body shaped like one on the retry queue suppresses nobody."""
+    if not events_queue:
+        return False
+    source = _queue_id(str(record.get("eventSourceARN", "")))
+    wanted = _queue_id(events_queue)
+    if source[1:] != wanted[1:] or not wanted[2]:
+        return False
+    return not (source[0] and wanted[0]) or source[0] == wanted[0]
 
 
 async def _mail_events(
     settings: Settings, registry: Registry, stop: StopToken, items: list[Received]
 ) -> tuple[list[dict[str, str]], float]:
-    """Apply SES event records; the poison ones are reported failed (redrive)."""
+    """Apply SES event records, each alone; those not applied (poison, or the database
+    failed on them) are reported failed: retried, then moved by the redrive policy."""
     summary = mail_events.EventsSummary()
+    topic = settings.environ.get("BATCHRUN_EVENTS_TOPIC", "").strip()
     async with open_backends(settings) as backends:
         runtime = _runtime(registry, backends, settings, stop)
         async with RunRecord(runtime, kind="lambda") as record:
-            _, poison = await mail_events.apply_items(backends.store, items, summary)
+            applied = await mail_events.apply_items(backends.store, items, summary, topic=topic)
             await record.end(summary.exit_code, summary.to_json())
     log.info("SES events: %s", json.dumps(summary.to_json()))
-    return [{"itemIdentifier": item.message_id} for item, _ in poison], float(len(items))
+    failed = [item for item, _ in applied.poison + applied.failed]
+    return [{"itemIdentifier": item.message_id} for item in failed], float(len(items))
 
 
 async def _hide(queue: Any, item: Received, delay_s: float, *, keep: bool = False) -> None:

@@ -176,6 +176,10 @@ def _one_line(text: str) -> str:
 
 
 def _import_error(label: str, exc: BaseException) -> UsageError:
+    if isinstance(exc, SystemExit):
+        # A module that exits on import would end the command silently with its code
+        # (exit 0 for sys.exit(0), as if all were done): an error naming it instead.
+        return UsageError(f"{label}: cannot import: it called sys.exit({exc.code!r})")
     message = _one_line(f"{type(exc).__name__}: {exc}").removesuffix(":")
     return UsageError(f"{label}: cannot import: {message}")
 
@@ -183,7 +187,7 @@ def _import_error(label: str, exc: BaseException) -> UsageError:
 def _import(name: str, label: str) -> ModuleType:
     try:
         return importlib.import_module(name)
-    except Exception as exc:  # any error a module raises on import is the user's to see
+    except (Exception, SystemExit) as exc:  # what a module raises on import is the user's
         raise _import_error(label, exc) from exc
 
 
@@ -207,7 +211,7 @@ def _load_file(path: Path, label: str) -> ModuleType:
         sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         del sys.modules[name]  # a failed load must not look loaded the next time
         raise _import_error(label, exc) from exc
     finally:
@@ -282,7 +286,7 @@ def _check(cls: type[Job], where: str) -> None:
 def _entry(cls: type[Job], source: str, where: str) -> JobEntry:
     try:
         job = cls()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise UsageError(_one_line(f"{where}: cannot create: {type(exc).__name__}: {exc}")) from exc
     file = getattr(sys.modules.get(cls.__module__), "__file__", None)
     module_file = Path(file).resolve() if file else None

@@ -11,7 +11,8 @@ HMAC-SHA256 under the secret:
 (unpadded base64url, so the token is URL-safe as it stands). The MAC covers the encoded
 payload text, so any change to the token's characters, a truncation, or a token signed with
 another secret fails the constant-time comparison before anything is decoded. Applying a
-token puts the address on the suppression list (reason ``unsubscribe``, source the job):
+token puts the address on the suppression list in its one key (``address_key``: IDNA
+domain, case-folded; reason ``unsubscribe``, source the job):
 every job skips it from then on.
 
 A mailbox provider POSTs to the URL (one click, no login, no cookies); a person who follows

@@ -10,6 +10,7 @@ import email.policy
 import random
 import re
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import dkim
@@ -118,6 +119,18 @@ def test_a_signed_message_verifies_and_covers_both_list_fields(
     assert {"list-unsubscribe", "list-unsubscribe-post"} <= set(signed_fields)
     assert {"from", "to", "subject", "date", "message-id", "content-type"} <= set(signed_fields)
     assert signed_fields.count("from") == 2, "From is over-signed: a second one breaks it"
+
+
+def test_folded_headers_sign_and_verify(key_file: Path, dns: Callable[..., bytes | None]) -> None:
+    """A 1,225-byte ASCII subject and a long plain name are folded (issue 20, point 9);
+    the signature covers the folded fields and still verifies."""
+    subject = " ".join(f"word{n:03d}" for n in range(160))[:1225]
+    long = replace(message(), subject=subject, to_name=" ".join(["Bartholomew"] * 16))
+    raw = long.to_bytes()
+    assert max(len(line) for line in raw.partition(b"\r\n\r\n")[0].split(b"\r\n")) <= 78
+    signed = signer(key_file).sign(raw)
+    assert dkim.verify(signed, dnsfunc=dns)
+    assert not dkim.verify(signed.replace(b"word100", b"word101"), dnsfunc=dns)
 
 
 @pytest.mark.parametrize(

@@ -195,3 +195,74 @@ def test_random_text_is_cut_into_full_words_of_whole_characters() -> None:
         for i, (piece, following) in enumerate(itertools.pairwise(pieces)):
             longer = utf8.header_encode(piece + following[0])
             assert len(longer) > (room if i == 0 else 75), (piece, following)
+
+
+# -- ASCII headers (issue 20, point 9): folded at spaces, RFC 5322 section 2.2.3 -----------
+
+LONG_SUBJECT = " ".join(f"word{n:03d}" for n in range(160))[:1225]  # 1,225 bytes of ASCII
+
+
+def test_a_1225_byte_ascii_subject_is_folded_and_reads_back_the_same() -> None:
+    assert len(LONG_SUBJECT) == 1225 and LONG_SUBJECT.isascii()
+    message = make_message("Ada", subject=LONG_SUBJECT)
+    raw = message.to_bytes()
+    assert max(len(line) for line in header_lines(raw)) <= 78
+    assert message.to_email()["Subject"] == LONG_SUBJECT  # unfolding gives it back
+    assert b"=?" not in raw.partition(b"\r\n\r\n")[0]  # plain text, not encoded words
+
+
+@pytest.mark.parametrize(
+    ("subject", "limit"),
+    [
+        ("x" * 1200, 78),  # no space anywhere: encoded words, cut anywhere
+        ("Happy  birthday, " + "y" * 900 + "  and   more " * 20, 998),  # one word of 900
+        ("a " * 600, 78),
+    ],
+)
+def test_no_header_line_is_ever_over_998_and_unfolding_restores_the_text(
+    subject: str, limit: int
+) -> None:
+    message = make_message("Ada", subject=subject)
+    raw = message.to_bytes()
+    assert max(len(line) for line in header_lines(raw)) <= limit
+    assert not any(line.strip() == "" for line in header_lines(raw))  # no all-space line
+    assert read_as_a_client(raw)["Subject"] == clean_text(subject)
+
+
+def test_a_long_plain_name_and_a_long_extra_header_are_folded_too() -> None:
+    name = " ".join(["Bartholomew"] * 16)  # 191 characters, ASCII, no specials
+    url = "https://example.com/unsubscribe/" + "t" * 120
+    message = make_message(
+        name, headers=(("List-Unsubscribe", f"<mailto:u@example.com>, <{url}>"),)
+    )
+    raw = message.to_bytes()
+    lines = header_lines(raw)
+    assert max(len(line) for line in lines) <= 160  # the URL is one word: its own line
+    parsed = message.to_email()
+    (address,) = parsed["To"].addresses
+    assert (address.display_name, address.addr_spec) == (name, "user42@example.com")
+    assert parsed["List-Unsubscribe"] == f"<mailto:u@example.com>, <{url}>"
+    with pytest.raises(ValueError):
+        make_message("Ada", headers=(("X-Long", "z" * 1000),)).to_bytes()
+
+
+async def test_a_1225_byte_ascii_subject_is_accepted_by_a_real_smtp_server(
+    smtp_server: SmtpTestServer,
+) -> None:
+    message = make_message("Ada", subject=LONG_SUBJECT)
+    mailer = from_url(smtp_server.url)
+    try:
+        await mailer.send(message)
+    finally:
+        await mailer.close()
+    (received,) = smtp_server.wait_for_messages(1)
+    assert max(len(line) for line in received.raw.split(b"\r\n")) <= 78
+    assert read_as_a_client(received.raw)["Subject"] == LONG_SUBJECT
+
+    # On one line, as before: the server refuses it, as the issue saw.
+    head, sep, body = message.to_bytes().partition(b"\r\n\r\n")
+    unfolded = head.replace(b"\r\n ", b" ") + sep + body
+    async with aiosmtplib.SMTP(hostname=HOST, port=smtp_server.port, timeout=10) as client:
+        with pytest.raises(aiosmtplib.SMTPDataError) as info:
+            await client.sendmail(message.envelope_sender, [message.to_addr], unfolded)
+    assert info.value.code == 500

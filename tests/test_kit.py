@@ -336,3 +336,32 @@ def test_the_http_double_delays_until_a_client_times_out() -> None:
             with pytest.raises(httpx.ReadTimeout):
                 client.get("/slow")
             assert client.get("/slow").status_code == 404  # the delayed answer was used up
+
+
+def test_the_birthday_job_on_the_kit() -> None:
+    from batchrun.jobs.birthday import Birthday
+
+    with Harness(Birthday) as h:  # an empty database: the job's own steps make its tables
+        h.execute(
+            "INSERT INTO user (id, first_name, last_name, email, date_of_birth, status) "
+            "VALUES :rows",
+            rows=[
+                (1, "Ada", "Lovelace", "ada@example.com", "1990-06-15", 10),
+                (2, "Bob", "Ray", "bob@example.com", "1985-07-04", 10),  # July
+                (3, "Cy", "Dunn", "cy@example.com", "1980-06-01", 0),  # inactive
+            ],
+        )
+        summary = h.run("2025-06")
+        assert (summary.succeeded, summary.cards_created, summary.emails_sent) == (1, 1, 1)
+        (email,) = h.emails
+        assert email.sender == "birthday@localhost"  # the birthday job's own From
+        assert email.message_id == "<birthday.2025.1@localhost>"
+        (card,) = h.fetch(
+            "SELECT gift_code FROM gift_card WHERE idempotency_key = 'birthday:2025:1'"
+        )
+        code = card["gift_code"]
+        assert "-".join(code[i : i + 4] for i in range(0, 16, 4)) in email.text
+        assert b"base64" not in email.raw and b"Content-Transfer-Encoding: 7bit" in email.raw
+        assert h.ledger(1, "2025-06") == LedgerEntry("succeeded", 1, None)
+        assert h.run("2025-06").eligible == 0
+        assert h.run("2026-06").cards_created == 1  # a card a year

@@ -198,7 +198,9 @@ def test_ses_events_reach_the_events_queue_and_nothing_else_writes_it(
     assert "AWS:SourceAccount" in publish["Condition"]["StringEquals"]
     env = template["Globals"]["Function"]["Environment"]["Variables"]
     assert env["BATCHRUN_SES_CONFIGURATION_SET"] == {"Ref": "SesConfigurationSet"}
-    assert env["BATCHRUN_EVENTS_QUEUE"] == {"Ref": "EventsQueue"}
+    # Lambda's records name their queue by ARN; the topic's Ref is its ARN.
+    assert env["BATCHRUN_EVENTS_QUEUE"] == {"Fn::GetAtt": ["EventsQueue", "Arn"]}
+    assert env["BATCHRUN_EVENTS_TOPIC"] == {"Ref": "SesEventsTopic"}
     assert template["Parameters"]["UnsubscribeSecret"]["NoEcho"] is True
 
 

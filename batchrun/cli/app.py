@@ -51,6 +51,11 @@ db_app = typer.Typer(
 app.add_typer(db_app, name="db")
 
 
+def error_line(text: str) -> Text:
+    """``error: TEXT`` with the word in red and TEXT as it is."""
+    return Text.assemble(("error:", "red"), " ", text)
+
+
 @dataclass
 class Context:
     settings: Settings
@@ -180,7 +185,7 @@ def main_options(
             templates_dir=templates,
         )
     except BatchrunError as exc:
-        stderr.print(f"[red]error:[/] {exc}", highlight=False)
+        stderr.print(error_line(str(exc)), highlight=False)
         raise typer.Exit(exc.exit_code) from None
     ctx.obj = Context(settings, verbose)
     _setup_logging(verbose)
@@ -255,7 +260,7 @@ def run_command(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]
     try:
         code = asyncio.run(make())
     except KeyboardInterrupt:
-        stderr.print("[red]aborted[/]")
+        stderr.print(Text("aborted", style="red"))
         raise typer.Exit(130) from None
     except Exception as exc:
         if isinstance(exc, click_exceptions.ClickException | typer.Exit | typer.Abort):

@@ -26,6 +26,7 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 stdout = Console(soft_wrap=True)
@@ -217,7 +218,7 @@ def print_table(
     if out.is_terminal:
         table = Table(*headers, title=title)
         for row in rows:
-            table.add_row(*(_cell(v) for v in row))
+            table.add_row(*(Text(_cell(v)) for v in row))  # text, not markup: '[/path]'
         out.print(table)
         return
     if title:
@@ -234,7 +235,7 @@ def print_pairs(title: str, pairs: Mapping[str, Any], *, console: Console | None
         table.add_column("", style="bold")
         table.add_column("", justify="right")
         for key, value in pairs.items():
-            table.add_row(key, _cell(value))
+            table.add_row(Text(key), Text(_cell(value)))
         out.print(table)
         return
     out.print(title, highlight=False, markup=False)

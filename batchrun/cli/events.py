@@ -11,7 +11,7 @@ import typer
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.app import Context, app, error_line, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.output import table
 from batchrun.mail import events as mail_events
@@ -47,7 +47,11 @@ def events(
     A permanent bounce or a complaint puts the address on the suppression list (reason
     bounce or complaint, source the SES message id) and notes it on the entity's ledger row
     (`batchrun status` counts them); a transient bounce or any other event changes
-    nothing; a message that is no SES event goes to the queue's dead-letter queue.
+    nothing; a message that is no SES event goes to the queue's dead-letter queue, alone:
+    the rest of its batch is applied. Exit 0 when every message was applied or
+    dead-lettered, 1 when the database failed on some (left on the queue for a later run).
+    With BATCHRUN_EVENTS_TOPIC (an SNS topic ARN) set, only notifications from that topic
+    are applied; the others are dead-lettered.
     """
     context: Context = ctx.obj
     settings = context.settings
@@ -63,7 +67,11 @@ def events(
                     runtime = context.runtime(backends, stop)
                     async with RunRecord(runtime, kind="events") as record:
                         summary = await mail_events.drain(
-                            queue, backends.store, max_messages=max_messages, stop=stop
+                            queue,
+                            backends.store,
+                            max_messages=max_messages,
+                            stop=stop,
+                            topic=settings.environ.get("BATCHRUN_EVENTS_TOPIC", "").strip(),
                         )
                         summary.duration_s = time.monotonic() - started
                         code = 130 if stop.stopping else summary.exit_code
@@ -79,6 +87,14 @@ def events(
         if summary.poison:
             stderr.print(
                 f"{summary.poison} messages were no SES event: moved to the dead-letter queue",
+                highlight=False,
+            )
+        if summary.failed:
+            stderr.print(
+                error_line(
+                    f"{summary.failed} messages could not be applied (the database failed "
+                    "on them): left on the queue for a later run"
+                ),
                 highlight=False,
             )
         if stop.stopping:

@@ -33,8 +33,7 @@ def new(
         typer.Option(
             "--table",
             metavar="TABLE",
-            help="The table whose rows (id, email columns) the job emails; default: the "
-            "demo's user table.",
+            help="The table whose rows (id, email columns) the job emails; user is the demo's.",
         ),
     ] = "user",
 ) -> None:

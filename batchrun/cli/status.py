@@ -115,6 +115,7 @@ def status(
 
 async def _overview(context: Context, as_json: bool) -> int:
     data = await overview(context)
+    await _note_missing_tables(context)
     if as_json:
         print(json.dumps(data))
     else:
@@ -205,3 +206,13 @@ def _print(data: dict[str, Any]) -> None:
             "--all` lists them)",
             highlight=False,
         )
+
+
+async def _note_missing_tables(context: Context) -> None:
+    """A note for each job whose tables are not in this database (exit 0 all the same)."""
+    entries = list(context.registry.values())
+    async with open_backends(context.settings, jobs=[e.job for e in entries]) as backends:
+        for entry in entries:
+            missing = await backends.store.missing_requirements(entry.job)
+            if missing is not None:
+                stderr.print(f"note: {missing}", highlight=False, soft_wrap=True)

@@ -19,7 +19,8 @@ from batchrun.mail.base import valid_address
 suppress_app = typer.Typer(
     no_args_is_help=True,
     help="The suppression list: addresses no job mails (unsubscribed, bounced, complained, "
-    "or added by hand). Domains compare case-insensitively.",
+    "or added by hand). Addresses compare in one form: the domain in IDNA, the whole "
+    "address case-folded (Jo@Bücher.example is jo@xn--bcher-kva.example).",
 )
 app.add_typer(suppress_app, name="suppress")
 

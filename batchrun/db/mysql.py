@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from typing import Any
 from urllib.parse import parse_qs, unquote
@@ -99,6 +100,15 @@ class MySQLDatabase(Database):
         except ValueError:
             raise ConfigError(f"database URL {mask_url(url)!r} has a bad port") from None
         options = parse_qs(parts.query)
+        try:
+            timeout = float(options.get("connect_timeout", ["10"])[0])
+        except ValueError:
+            timeout = math.nan
+        if not 0 < timeout < math.inf:
+            raise ConfigError(
+                f"database URL {mask_url(url)!r} has a bad connect_timeout "
+                "(seconds, a number above 0)"
+            )
         settings = {
             "host": parts.hostname or "127.0.0.1",
             "port": port,
@@ -109,7 +119,7 @@ class MySQLDatabase(Database):
             "charset": "utf8mb4",
             "minsize": 1,
             "maxsize": max(1, pool_size),
-            "connect_timeout": float(options.get("connect_timeout", ["10"])[0]),
+            "connect_timeout": timeout,
             "pool_recycle": 3600,
         }
         pool = None

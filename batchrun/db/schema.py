@@ -11,8 +11,8 @@ another shape stops migrate before any step.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 from batchrun.db import ddl
 from batchrun.db.base import Database, now_ms
@@ -29,6 +29,11 @@ NOTED_MISSING = "noted_missing_tables"  # batchrun_schema's record of a migrate 
 
 class Schema:
     """Migration steps, plans and requirements over a Database (``Store`` extends it)."""
+
+    # Data steps SQL cannot do (IDNA, Unicode case folding): step name -> (the method that
+    # does it, the table it rewrites). Such a step's SQL block holds only its guard and
+    # comments; the method must be idempotent: the step is recorded after it returns.
+    python_steps: ClassVar[Mapping[str, tuple[str, str]]] = {}
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -92,6 +97,9 @@ class Schema:
             await self.db.execute("schema_record", step=marker, now=now_ms())
 
     async def _run_step(self, name: str, step: Statement, *, allow_locking: bool) -> None:
+        if name in self.python_steps:
+            await getattr(self, self.python_steps[name][0])()
+            return
         try:
             await self.db.run_step(step)
         except ddl.NotOnlineError as exc:
@@ -126,6 +134,10 @@ class Schema:
         return list((await self._foreign_database_jobs(list(jobs))).values())
 
     async def _plan_of(self, name: str, step: Statement) -> ddl.StepPlan:
+        if name in self.python_steps:
+            table = self.python_steps[name][1]
+            rows = await self.db.estimate_rows(table)
+            return ddl.StepPlan(name, "rewrite rows", table, None, None, rows)
         plan = ddl.describe(name, step)
         if plan.table is None:
             return plan

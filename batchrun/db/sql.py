@@ -19,7 +19,17 @@ from typing import Any
 
 _NAME = re.compile(r"^--\s*name:\s*([\w.-]+)\s*$", re.MULTILINE)
 # Quoted strings and comments are matched first so a ':' inside them is never a parameter.
-_TOKEN = re.compile(r"'(?:[^']|'')*'|\"[^\"]*\"|`[^`]*`|--[^\n]*|(?<![:\w]):([A-Za-z_]\w*)(\*?)|%")
+# Standard SQL (SQLite, PostgreSQL): a quote is escaped by doubling it, a backslash is a
+# character like any other, but for PostgreSQL's E'...' strings, where it escapes.
+_PARAM = r"--[^\n]*|/\*.*?\*/|(?<![:\w]):([A-Za-z_]\w*)(\*?)|%"
+_TOKEN = re.compile(
+    r"(?<!\w)[Ee]'(?:[^'\\]|''|\\.)*'|'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`(?:[^`]|``)*`|" + _PARAM,
+    re.DOTALL,
+)
+# MySQL: a backslash escapes the next character in '...' and "..." strings ('it\'s :x').
+_MYSQL_TOKEN = re.compile(
+    r"'(?:[^'\\]|''|\\.)*'|\"(?:[^\"\\]|\"\"|\\.)*\"|`(?:[^`]|``)*`|" + _PARAM, re.DOTALL
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +116,8 @@ class Queries:
                 return ", ".join("(" + ", ".join(marks(width)) + ")" for _ in value)
             return "(" + ", ".join(marks(len(value))) + ")"
 
-        return _TOKEN.sub(replace, text), tuple(order)
+        token = _MYSQL_TOKEN if self.dialect == "mysql" else _TOKEN
+        return token.sub(replace, text), tuple(order)
 
 
 def _shape(value: list[Any]) -> int:

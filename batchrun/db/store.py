@@ -11,15 +11,16 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Literal, TypeVar, get_args
+from typing import ClassVar, Literal, TypeVar, get_args
 
 from batchrun.db.base import Database, JobDatabase, Row
 from batchrun.db.base import now_ms as now_ms  # re-exported: tests and scripts import it here
 from batchrun.db.schema import Schema
 from batchrun.errors import LockTimeoutError
+from batchrun.mail.address import address_key as address_key  # re-exported: the list's key
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -49,12 +50,18 @@ _LOOKUP_CHUNK = 1000  # addresses per IN list: well under every driver's paramet
 LOCK_PATIENCE_S = 600.0
 
 
-def address_key(address: str) -> str:
-    """The suppression list's key for ``address``: the local part as given, ``@``, the
-    domain lower-cased (domains are case-insensitive; local parts are the receiving
-    server's business, RFC 5321 section 2.4)."""
-    local, at, domain = address.rpartition("@")
-    return f"{local}@{domain.lower()}" if at else address
+def storable_key(key: str) -> bool:
+    """Whether an address key can be stored and looked up: 1 to 254 characters, none of
+    them a NUL or a lone surrogate (which no database column takes)."""
+    if not 0 < len(key) <= MAX_ADDRESS_CHARS or "\x00" in key:
+        return False
+    if key.isascii():
+        return True
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +112,10 @@ class Suppression:
 class Store(Schema):
     """Schema (``Schema``: migrate, plan, what jobs need), ledger and suppression-list
     operations over a Database."""
+
+    python_steps: ClassVar[Mapping[str, tuple[str, str]]] = {
+        "migrate_0040_suppression_keys": ("rekey_suppressions", "batchrun_suppression")
+    }
 
     def __init__(self, db: Database) -> None:
         super().__init__(db)
@@ -305,7 +316,7 @@ class Store(Schema):
         if reason not in REASONS:
             raise ValueError(f"suppression reason must be one of {', '.join(REASONS)}")
         key = address_key(address)
-        if not key or len(key) > MAX_ADDRESS_CHARS:
+        if not storable_key(key):
             raise ValueError(f"not an address to suppress: {address[:80]!r}")
         changed = await self.db.execute(
             "suppression_add",
@@ -318,11 +329,17 @@ class Store(Schema):
 
     async def unsuppress(self, address: str) -> bool:
         """Take ``address`` off the suppression list; whether it was on it."""
-        return await self.db.execute("suppression_remove", address=address_key(address)) > 0
+        key = address_key(address)
+        if not storable_key(key):
+            return False
+        return await self.db.execute("suppression_remove", address=key) > 0
 
     async def suppression(self, address: str) -> Suppression | None:
         """The suppression list's entry for ``address``, if any."""
-        row = await self.db.fetchone("suppression_get", address=address_key(address))
+        key = address_key(address)
+        if not storable_key(key):
+            return None
+        row = await self.db.fetchone("suppression_get", address=key)
         return _suppression(row) if row is not None else None
 
     async def suppressed(self, addresses: Iterable[str]) -> dict[str, str]:
@@ -331,7 +348,7 @@ class Store(Schema):
         by_key: dict[str, list[str]] = {}
         for address in addresses:
             by_key.setdefault(address_key(address), []).append(address)
-        keys = [k for k in by_key if 0 < len(k) <= MAX_ADDRESS_CHARS]
+        keys = [k for k in by_key if storable_key(k)]
         found: dict[str, str] = {}
         for start in range(0, len(keys), _LOOKUP_CHUNK):
             chunk = keys[start : start + _LOOKUP_CHUNK]
@@ -344,6 +361,35 @@ class Store(Schema):
         """A page of the suppression list in address order, addresses above ``after``."""
         rows = await self.db.fetchall("suppression_page", after=after, limit=limit)
         return [_suppression(r) for r in rows]
+
+    async def rekey_suppressions(self) -> int:
+        """Rewrite every stored address whose key is not ``address_key`` of itself (rows
+        stored before the key took its present form); how many were rewritten.
+
+        Idempotent and safe to interrupt: the row goes in under its new key (kept as it
+        is when one is there already) before the old one goes, a page at a time.
+        """
+        rewritten = 0
+        after = ""
+        while True:
+            rows = await self.db.fetchall("suppression_page", after=after, limit=_LOOKUP_CHUNK)
+            for row in rows:
+                entry = _suppression(row)
+                key = address_key(entry.address)
+                if key == entry.address or not storable_key(key):
+                    continue
+                await self.db.execute(
+                    "suppression_add",
+                    address=key,
+                    reason=entry.reason,
+                    source=entry.source,
+                    now=entry.created_at,
+                )
+                await self.db.execute("suppression_remove", address=entry.address)
+                rewritten += 1
+            if len(rows) < _LOOKUP_CHUNK:
+                return rewritten
+            after = str(rows[-1][0])
 
 
 async def _patiently(what: str, write: Callable[[], Awaitable[_T]]) -> _T:

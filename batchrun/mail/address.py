@@ -5,11 +5,17 @@ The domain is mapped as browsers and mail clients map it (UTS #46, non-transitio
 folded, ``ß`` kept, full-width dots become dots), then each non-ASCII label is encoded as
 an IDNA 2008 A-label. ASCII labels are left as they are, so a domain valid before IDNA
 (an underscore in a label, say) stays valid.
+
+``address_key`` is the one form an address is compared in (the suppression list, SES
+events, unsubscribe tokens): the domain as its A-labels, everything NFC and case-folded,
+so ``Jo@Bücher.example``, ``jo@xn--bcher-kva.example`` and ``JO@BÜCHER.EXAMPLE`` are one
+address.
 """
 
 from __future__ import annotations
 
 import functools
+import unicodedata
 
 
 class AddressError(ValueError):
@@ -61,3 +67,27 @@ def idna_domain(domain: str) -> str | None:
     except (idna.IDNAError, UnicodeError):
         return None
     return ".".join(labels)
+
+
+def address_key(address: str) -> str:
+    """The one form ``address`` is compared and stored in: the domain in IDNA A-labels,
+    the whole address NFC and case-folded (``Jo@Bücher.example`` ->
+    ``jo@xn--bcher-kva.example``).
+
+    Case-folding the local part too: RFC 5321 leaves its case to the receiving server,
+    but no mailbox provider tells ``Jo`` from ``jo``, and a bounce reported as ``JO@...``
+    must stop the mail to ``jo@...``. An ASCII address costs one ``lower()``. A domain
+    IDNA cannot encode (it can never be mailed) keeps its NFC, case-folded text.
+    """
+    if address.isascii():
+        return address.lower()
+    local, at, domain = address.rpartition("@")
+    if not at:
+        return _folded(address)
+    wire = idna_domain(domain)
+    return f"{_folded(local)}@{_folded(domain) if wire is None else wire.lower()}"
+
+
+def _folded(text: str) -> str:
+    # casefold can undo NFC ("İ" folds to "i" + a combining dot): normalise on both sides.
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", text).casefold())

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from batchrun.errors import ConfigError
+from batchrun.mail.headers import _encoded_word
 from batchrun.mail.message import (
     MAX_ADDRESS_CHARS,
     MAX_NAME_CHARS,
     Message,
     _address,
-    _encoded_word,
     clean_text,
     valid_address,
 )

@@ -12,11 +12,18 @@ SNS topic delivers either to an SQS queue, wrapped in SNS's envelope (``"Type":
   (or the Message-ID batchrun gave the email, which SES keeps in ``commonHeaders``);
 - a transient or undetermined bounce, a delivery, an open, a click, any other SES event
   type, SNS's subscription confirmations: ignored, nothing changes;
-- anything else (not JSON, an unknown shape or event type, a bounce naming no recipient):
-  ``PoisonEvent``. ``drain`` dead-letters it at once, as ``batchrun retry`` does poison,
-  and goes on; the Lambda reports it failed so the queue's redrive policy moves it.
+- anything else (not JSON, an unknown shape or event type, a bounce naming no recipient,
+  a recipient that is no address batchrun could have mailed, an ``X-Batchrun-Id`` naming
+  an id no ledger row can have, an SNS envelope from another topic than
+  ``BATCHRUN_EVENTS_TOPIC``): ``PoisonEvent``. ``drain`` dead-letters it at once, as
+  ``batchrun retry`` does poison, and goes on; the Lambda reports it failed so the
+  queue's redrive policy moves it.
 
-Applying an event twice changes nothing more (SQS delivers at least once).
+Each message stands alone: one that is poison, or whose database write fails, never keeps
+the others of its batch from being applied. Addresses are stored in their one key
+(``batchrun.mail.address.address_key``), so a bounce for ``jo@xn--bcher-kva.example``
+suppresses ``jo@bücher.example``. Applying an event twice changes nothing more (SQS
+delivers at least once).
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ from dataclasses import asdict, dataclass
 from email.utils import parseaddr
 from typing import Any, Literal
 
-from batchrun.db.store import MAX_ADDRESS_CHARS, MAX_SOURCE_CHARS, Store
+from batchrun.db.store import MAX_ID, MAX_SOURCE_CHARS, Store, address_key, storable_key
 from batchrun.engine import StopToken
+from batchrun.errors import DatabaseError
+from batchrun.mail.message import clean_text, valid_address
 from batchrun.queue.base import MAX_BODY, Received, RetryQueue
 
 log = logging.getLogger(__name__)
@@ -92,11 +101,14 @@ class EventsSummary:
     recorded: int = 0  # ledger rows that gained a bounce or complaint
     ignored: int = 0
     poison: int = 0  # dead-lettered
+    failed: int = 0  # not applied (the database failed): left on the queue for later
     duration_s: float = 0.0
 
     @property
     def exit_code(self) -> int:
-        return 0
+        """0 when every message was applied or dead-lettered as poison; 1 when the
+        database failed on some (they stay on the queue: nothing lost)."""
+        return 1 if self.failed else 0
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -120,9 +132,16 @@ def looks_like(body: str) -> bool:
     return "notificationType" in data or "eventType" in data
 
 
-def parse(body: str) -> MailEvent:
-    """The SES event in a queue message body (SNS-wrapped or raw); raise PoisonEvent."""
+def parse(body: str, *, topic: str = "") -> MailEvent:
+    """The SES event in a queue message body (SNS-wrapped or raw); raise PoisonEvent.
+
+    ``topic``: when given, the only SNS topic ARN whose notifications are taken (a body
+    without SNS's envelope is refused then too: nothing says where it came from).
+    """
     data = _object(body, "body")
+    if topic and data.get("TopicArn") != topic:
+        shown = clean_text(str(data.get("TopicArn", "no TopicArn")), 120)
+        raise PoisonEvent(f"not from the SNS topic BATCHRUN_EVENTS_TOPIC names ({shown!r})")
     if "Type" in data and "TopicArn" in data:
         kind = data.get("Type")
         if kind in ("SubscriptionConfirmation", "UnsubscribeConfirmation"):
@@ -185,8 +204,13 @@ def _acting(kind: Kind, detail: str, data: Mapping[str, Any], recipients: Any) -
     for recipient in recipients:
         text = recipient.get("emailAddress") if isinstance(recipient, dict) else None
         address = parseaddr(text)[1] if isinstance(text, str) else ""
-        if "@" not in address or len(address) > MAX_ADDRESS_CHARS:
-            raise PoisonEvent(f"SES {kind} recipient is not an address: {str(text)[:80]!r}")
+        if isinstance(text, str) and clean_text(text) != text.strip():
+            address = ""  # a control character, NUL or lone surrogate: never parsed around
+        # What batchrun could have mailed, and what the suppression list can hold: no
+        # control character, NUL or lone surrogate, a domain IDNA can write.
+        if not valid_address(address) or not storable_key(address_key(address)):
+            shown = ascii(str(text)[:80])
+            raise PoisonEvent(f"SES {kind} recipient is not an address: {shown}")
         addresses.append(address)
     return MailEvent(kind, detail, _message_id(data), tuple(addresses), _entity(data))
 
@@ -194,7 +218,12 @@ def _acting(kind: Kind, detail: str, data: Mapping[str, Any], recipients: Any) -
 def _message_id(data: Mapping[str, Any]) -> str:
     mail = data.get("mail")
     value = mail.get("messageId") if isinstance(mail, dict) else None
-    return str(value)[:MAX_SOURCE_CHARS] if isinstance(value, str) else ""
+    if not isinstance(value, str):
+        return ""
+    value = value[:MAX_SOURCE_CHARS]
+    if clean_text(value) != value:  # stored as the suppression's source
+        raise PoisonEvent(f"SES messageId holds a control character: {value[:80]!a}")
+    return value
 
 
 def _entity(data: Mapping[str, Any]) -> Entity | None:
@@ -216,7 +245,10 @@ def _entity(data: Mapping[str, Any]) -> Entity | None:
     for value in candidates:
         match = _BATCHRUN_ID.match(value) if isinstance(value, str) else None
         if match:
-            return Entity(match[1], match[2], int(match[3]))
+            entity_id = int(match[3])
+            if entity_id > MAX_ID:
+                raise PoisonEvent(f"X-Batchrun-Id names an id out of range: {match[3]}")
+            return Entity(match[1], match[2], entity_id)
     return None
 
 
@@ -226,40 +258,60 @@ async def apply(store: Store, event: MailEvent, summary: EventsSummary) -> None:
         summary.ignored += 1
         log.debug("ignored SES event %s (%s)", event.ses_message_id, event.detail)
         return
-    if event.kind == "bounce":
-        summary.bounces += 1
-    else:
-        summary.complaints += 1
+    # Counted once the whole event is applied: a failed one is counted failed alone.
+    suppressed = recorded = 0
     for address in event.addresses:
         if await store.suppress(address, reason=event.kind, source=event.ses_message_id):
-            summary.suppressed += 1
+            suppressed += 1
             log.info("suppressed %s (%s %s)", address, event.kind, event.detail)
     if event.entity is not None:
         entity = event.entity
         if await store.record_mail_event(
             job=entity.job, once=entity.once, entity_id=entity.entity_id, event=event.kind
         ):
-            summary.recorded += 1
+            recorded += 1
+    if event.kind == "bounce":
+        summary.bounces += 1
+    else:
+        summary.complaints += 1
+    summary.suppressed += suppressed
+    summary.recorded += recorded
+
+
+@dataclass
+class Applied:
+    """What became of a batch of received event messages, each on its own."""
+
+    done: list[Received]  # applied (or ignored): delete them
+    poison: list[tuple[Received, str]]  # with the reason: dead-letter them
+    failed: list[tuple[Received, str]]  # the database failed: leave them for later
 
 
 async def apply_items(
-    store: Store, items: Sequence[Received], summary: EventsSummary
-) -> tuple[list[Received], list[tuple[Received, str]]]:
-    """Apply received event messages: (those done, (poison, reason) pairs)."""
-    done: list[Received] = []
-    poison: list[tuple[Received, str]] = []
+    store: Store, items: Sequence[Received], summary: EventsSummary, *, topic: str = ""
+) -> Applied:
+    """Apply received event messages, each alone: one that is poison or whose write fails
+    never stops the rest. ``topic``: as for ``parse``."""
+    applied = Applied([], [], [])
     for item in items:
         summary.read += 1
         try:
-            event = parse(item.body)
-        except PoisonEvent as exc:
+            event = parse(item.body, topic=topic)
+            await apply(store, event, summary)
+        except (PoisonEvent, ValueError) as exc:  # store.suppress refuses a bad key too
             log.error("poison event message %s: %s", item.message_id, exc)
             summary.poison += 1
-            poison.append((item, f"poison: {exc}"))
+            applied.poison.append((item, f"poison: {exc}"))
             continue
-        await apply(store, event, summary)
-        done.append(item)
-    return done, poison
+        except DatabaseError as exc:
+            # The database, or this one message's values: either way the message stays
+            # on the queue; after its maximum receives the redrive policy moves it.
+            log.error("event message %s not applied: %s", item.message_id, exc)
+            summary.failed += 1
+            applied.failed.append((item, str(exc)))
+            continue
+        applied.done.append(item)
+    return applied
 
 
 async def drain(
@@ -268,9 +320,10 @@ async def drain(
     *,
     max_messages: int = 10_000,
     stop: StopToken | None = None,
+    topic: str = "",
 ) -> EventsSummary:
     """Read the events queue until it is empty (or ``max_messages``), applying each event;
-    delete what was applied, dead-letter poison at once."""
+    delete what was applied, dead-letter poison at once. ``topic``: as for ``parse``."""
     summary = EventsSummary()
     while summary.read < max_messages and not (stop is not None and stop.stopping):
         items = await queue.receive(
@@ -278,18 +331,18 @@ async def drain(
         )
         if not items:
             break
-        done: list[Received] = []
+        applied = await apply_items(store, items, summary, topic=topic)
         try:
-            done, poison = await apply_items(store, items, summary)
-            for item, reason in poison:
+            for item, reason in applied.poison:
                 await queue.dead_letter(item, reason)
         finally:
-            # What was applied goes even if a later one failed (the rest comes back).
-            await queue.delete(done)
+            # What was applied goes even if a dead-lettering failed (the rest comes back).
+            await queue.delete(applied.done)
     return summary
 
 
 __all__ = [
+    "Applied",
     "Entity",
     "EventsSummary",
     "MailEvent",

@@ -1,12 +1,11 @@
 """The Message every backend sends: its wire bytes built by hand, names and subjects encoded
-and folded (RFC 2047), addresses checked."""
+(RFC 2047), every header folded to RFC 5322's line limits (78 where a space allows, never
+over 998), addresses checked."""
 
 from __future__ import annotations
 
-import base64
 import email
 import email.policy
-import email.quoprimime
 import functools
 import random
 import re
@@ -17,6 +16,13 @@ from email.message import EmailMessage
 from email.utils import format_datetime, formataddr, parseaddr
 
 from batchrun.mail.address import idna_domain, wire_address
+from batchrun.mail.headers import (
+    _FOLD,
+    _MAX_LINE,
+    _encoded_word,
+    _header_text,
+    fold,
+)
 from batchrun.mail.mime import body_part, text_body
 
 MAX_NAME_CHARS = 200
@@ -144,6 +150,8 @@ class Message:
             to_header = _utf8_address(to_name, to_addr)
         else:
             raise ValueError(f"the local part of {self.to_addr!r} is not ASCII: it needs SMTPUTF8")
+        if len(to_header) > _MAX_LINE - 4:  # a long plain name: folded between its words
+            to_header = _fold_address(to_header, len("To: "))
         extra = "".join([_extra_header(n, v) for n, v in self.headers]) if self.headers else ""
         # No quoted-printable part can contain the boundary ('=' is escaped there); a 7bit
         # one only by a 96-bit accident. Random only by convention, so the cheap generator
@@ -219,20 +227,19 @@ _OWN_FIELDS = frozenset(
         "content-transfer-encoding",
     }
 )
-_MAX_WIRE_LINE = 998  # RFC 5322's hard limit, CRLF excluded
 
 
 def _extra_header(name: str, value: str) -> str:
-    """``CRLF name: value``, or ValueError for a field that could break the header block."""
-    line = f"\r\n{name}: {value}"
-    if (
-        not _field_name(name)
-        or _UNSAFE.search(value) is not None
-        or not value.isascii()
-        or len(line) - 2 > _MAX_WIRE_LINE
-    ):
+    """``CRLF name: value`` folded, or ValueError for a field that could break the header
+    block (or has a word too long for any line)."""
+    folded = (
+        fold(value, len(name) + 2)
+        if _field_name(name) and _UNSAFE.search(value) is None and value.isascii()
+        else None
+    )
+    if folded is None:
         raise ValueError(f"unusable header field {name!r}: {value[:80]!r}")
-    return line
+    return f"\r\n{name}: {folded}"
 
 
 @functools.lru_cache(maxsize=64)
@@ -249,7 +256,16 @@ def _envelope_sender(sender: str) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _from_header(sender: str) -> str:
-    return _address(*parseaddr(sender)) if "<" in sender else sender
+    value = _address(*parseaddr(sender)) if "<" in sender else sender
+    return _fold_address(value, len("From: "))
+
+
+def _fold_address(value: str, prefix: int) -> str:
+    """An address header value folded at its spaces when it is too long for one line (an
+    encoded name comes folded already); an address alone never has a space to fold at."""
+    if prefix + len(value) <= _MAX_LINE or "\r\n" in value:
+        return value
+    return fold(value, prefix) or value
 
 
 def _address(name: str, addr: str, prefix: int = len("From: ")) -> str:
@@ -283,74 +299,6 @@ def _utf8_address(name: str, addr: str) -> str:
     return f"{shown[:-2]}{addr}>" if shown.endswith("<@>") else addr
 
 
-def _encoded_word(text: str, room: int = 75) -> str:
-    """``text`` as RFC 2047 encoded words, each the shorter of its B and Q encodings.
-
-    ``Charset("utf-8").header_encode(text)`` when that one word fits in ``room``
-    characters. Otherwise words of at most 75 characters (the first at most ``room``),
-    cut between characters, never inside one, and joined by CRLF + space (a fold). The
-    standard library measures the Q form byte by byte in Python; here one C-level
-    ``translate`` counts the bytes Q must escape (3 characters each instead of 1).
-    """
-    raw = text.encode("utf-8")
-    b_length = (len(raw) + 2) // 3 * 4
-    q_length = len(raw) + 2 * len(raw.translate(None, _Q_LITERAL))
-    fits = min(room, _MAX_WORD) - _WORD_OVERHEAD
-    if b_length < q_length:
-        if b_length <= fits:
-            return f"=?utf-8?b?{base64.b64encode(raw).decode('ascii')}?="
-    elif q_length <= fits:
-        return email.quoprimime.header_encode(raw, "utf-8")
-    return _FOLD.join(_encoded_chunks(raw, fits))
-
-
-def _encoded_chunks(raw: bytes, first: int) -> list[str]:
-    """The words of a folded ``_encoded_word``, the first with ``first`` characters of
-    encoded text at most: each word takes as many characters as fit.
-
-    The longest piece whose shorter encoding fits is the longer of the longest that fits
-    as B (a byte count) and the longest that fits as Q (found by bisection), moved back
-    to the start of the character it ends in.
-    """
-    words = []
-    start = 0
-    # At least one 4-byte character's worth (8 as B), so that every word takes one.
-    limit = max(first, 8)
-    while start < len(raw):
-        end = min(len(raw), start + limit // 4 * 3)  # the bytes B fits
-        if _q_length(raw[start:end]) <= limit:  # Q fits as many: it may fit more
-            low, high = end, min(len(raw), start + limit)
-            while low < high:
-                middle = (low + high + 1) // 2
-                if _q_length(raw[start:middle]) <= limit:
-                    low = middle
-                else:
-                    high = middle - 1
-            end = low
-        while end < len(raw) and raw[end] & 0xC0 == 0x80:  # a UTF-8 continuation byte
-            end -= 1
-        chunk = raw[start:end]
-        if (len(chunk) + 2) // 3 * 4 < _q_length(chunk):
-            words.append(f"=?utf-8?b?{base64.b64encode(chunk).decode('ascii')}?=")
-        else:
-            words.append(email.quoprimime.header_encode(chunk, "utf-8"))
-        start = end
-        limit = _MAX_WORD - _WORD_OVERHEAD
-    return words
-
-
-def _q_length(raw: bytes) -> int:
-    return len(raw) + 2 * len(raw.translate(None, _Q_LITERAL))
-
-
-# RFC 2047: an encoded word is at most 75 characters; RFC 5322 asks for lines of at most
-# 78, so a fold (CRLF and one space) before each further word always leaves room for it.
-_MAX_WORD = 75
-_MAX_LINE = 78
-_FOLD = "\r\n "
-_WORD_OVERHEAD = len("=?utf-8?b??=")
-# Bytes the header Q encoding writes as one character (space becomes "_").
-_Q_LITERAL = b" !*+-/0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # email.utils' specialsre: a name holding any of these is quoted by formataddr.
 _NAME_SPECIALS = re.compile(r'[][\\()<>@,:;".]')
 
@@ -359,17 +307,6 @@ _NAME_SPECIALS = re.compile(r'[][\\()<>@,:;".]')
 def _subject_header(subject: str) -> str:
     """The Subject header value; a job's messages share one subject, so it is cached."""
     return _header_text(clean_text(subject), len("Subject: "))
-
-
-def _header_text(value: str, prefix: int) -> str:
-    """An unstructured header value, folded as encoded words when it is not plain ASCII.
-
-    ``prefix``: the characters (the header's name) before the value on its first line.
-    """
-    # Text that looks like an encoded word would be decoded by the reader: encode it.
-    if value.isascii() and "=?" not in value:
-        return value
-    return _encoded_word(value, _MAX_LINE - prefix)
 
 
 _date_cache: tuple[int, str] = (0, "")

@@ -91,7 +91,8 @@ def iso(ms: int) -> str:
 
 
 def message_id(job: Job, key: str, sender: str) -> str:
-    """The Message-ID batchrun gives the entity's email (runtime/sending.py's formula)."""
+    """The Message-ID batchrun gives the entity's email (runtime/sending.py's formula);
+    ``sender`` is the job's From (``Settings.sender_for``)."""
     domain = parseaddr(sender)[1].rpartition("@")[2]
     return f"<{key.replace(':', '.')}@{domain or 'localhost'}>"
 

@@ -4,8 +4,9 @@ A run here is a real run: claims, the ledger, the retry queue (the table in the 
 database), suppression, templates and the circuit breaker are batchrun's own; only the
 mailer is a ``Mailbox`` that keeps what it is sent. Settings are the defaults, read from
 ``env`` (never ``os.environ``) with two changes that keep tests short: leases of 2 s and
-retries available at once (``BATCHRUN_LEASE_S``, ``BATCHRUN_RETRY_BASE_S`` in ``env``
-set other values).
+a failed retry's backoff of 0 (``BATCHRUN_LEASE_S``, ``BATCHRUN_RETRY_BASE_S`` in ``env``
+set other values). A delay the job asks for (``Retry(delay_s)``, ``Retry-After``, its own
+``RetryPolicy.backoff``) still holds its retry message back.
 """
 
 from __future__ import annotations

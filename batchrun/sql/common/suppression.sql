@@ -17,3 +17,10 @@ SELECT address, reason, source, created_at FROM batchrun_suppression
 WHERE address > :after
 ORDER BY address
 LIMIT :limit;
+
+-- name: migrate_0040_suppression_keys
+-- unless: recorded
+-- A data step in Python (Store.rekey_suppressions: IDNA is not SQL): every stored address
+-- rewritten to the one key batchrun compares in now (batchrun.mail.address.address_key:
+-- the domain in A-labels, the whole address NFC and case-folded), so a row stored as
+-- 'Jo@bücher.example' still matches; where two rows meet, the one already there stays.
