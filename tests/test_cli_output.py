@@ -243,14 +243,14 @@ def test_json_on_preview_suppress_and_unsubscribe(env: dict[str, str]) -> None:
 
     added = json.loads(invoke("suppress", "add", "Ann@Example.COM", "--json", env=env).stdout)
     assert (added["address"], added["reason"], added["added"]) == (
-        "Ann@example.com",
+        "ann@example.com",  # the one address key: case-folded
         "manual",
         True,
     )
     again = json.loads(invoke("suppress", "add", "Ann@EXAMPLE.com", "--json", env=env).stdout)
     assert again["added"] is False
     gone = json.loads(invoke("suppress", "remove", "Ann@example.com", "--json", env=env).stdout)
-    assert gone == {"address": "Ann@example.com", "removed": True}
+    assert gone == {"address": "ann@example.com", "removed": True}
 
     secret = "a-secret-of-at-least-16-chars"
     base = "https://example.com/unsubscribe"
