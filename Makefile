@@ -39,6 +39,7 @@ demo: $(BIN)/.runtime  ## the birthday job on the embedded default: SQLite, file
 	@echo "==> 6/6 where the month stands (status)"
 	@$(DEMO) status --month $(MONTH)
 	@echo "==> done: $$(ls .demo/outbox | wc -l) emails written to .demo/outbox; make test runs the tests"
+	@echo "==> batchrun is in $(BIN): put it on PATH with  export PATH=\"$$PWD/$(BIN):\$$PATH\"  (or run $(BIN)/batchrun)"
 
 # Test processes (pytest-xdist): most tests wait on servers, so two share the 2 cores well.
 TEST_WORKERS ?= 2

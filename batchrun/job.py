@@ -212,14 +212,14 @@ class Job:
         requires: table -> columns the job needs; ``run`` stops before claiming
             anything when one is missing.
         counters: the ``ctx.count`` names, reported (0 when unused) in every summary.
-        retry: the ``RetryPolicy`` (attempts, backoff, max_delay_s); unset fields take
-            the deployment's (``BATCHRUN_MAX_RECEIVES``, ``BATCHRUN_RETRY_BASE_S``,
-            ``BATCHRUN_RETRY_MAX_BACKOFF_S``).
         address: the page column that holds the recipient's email address (default
             ``"email"``): batchrun looks each page's addresses up on the suppression list
             before ``prepare``, and a dry run counts an invalid or suppressed one skipped.
         sender: the From of the job's emails, e.g. ``"Shop <renewals@shop.example>"``;
             ``--from`` (``BATCHRUN_FROM``) overrides it. Default: ``"{name}@localhost"``.
+        retry: the ``RetryPolicy`` (attempts, backoff, max_delay_s); unset fields take
+            the deployment's (``BATCHRUN_MAX_RECEIVES``, ``BATCHRUN_RETRY_BASE_S``,
+            ``BATCHRUN_RETRY_MAX_BACKOFF_S``).
     """
 
     name: ClassVar[str] = ""
@@ -231,9 +231,9 @@ class Job:
     templates: ClassVar[Path | str | None] = None
     requires: ClassVar[Mapping[str, Sequence[str]]] = {}
     counters: ClassVar[Sequence[str]] = ()
-    retry: ClassVar[RetryPolicy] = RetryPolicy()
     address: ClassVar[str] = "email"
     sender: ClassVar[str | None] = None
+    retry: ClassVar[RetryPolicy] = RetryPolicy()
 
     @classmethod
     def once_unit(cls) -> Unit:

@@ -17,6 +17,7 @@ Every problem is a ``UsageError`` (exit 2) of one line naming the module or file
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -90,8 +91,13 @@ class Registry(Mapping[str, JobEntry]):
     def entry(self, name: str) -> JobEntry:
         """The entry of job ``name``; a ``UsageError`` listing the known jobs if none."""
         if name not in self._entries:
+            close = difflib.get_close_matches(name, list(self._entries), n=1, cutoff=0.6)
+            guess = f" (did you mean {close[0]!r}?)" if close else ""
             known = f"known jobs are {', '.join(self._entries)}" if self._entries else "no jobs"
-            raise UsageError(f"unknown job {name!r}: {known}")
+            raise UsageError(
+                f"unknown job {name!r}{guess}: {known}; a job of your own is loaded with "
+                "--jobs MODULE_OR_FILE.py (or BATCHRUN_JOBS)"
+            )
         return self._entries[name]
 
     def get_job(self, name: str) -> Job:

@@ -109,7 +109,7 @@ def test_each_job_sends_from_its_own_address(app_env: dict[str, str], tmp_path: 
     assert "From: Ops <ops@corp.example>" in preview.stdout
 
 
-def test_status_of_a_month_is_the_birthday_jobs(tmp_path: Path) -> None:
+def test_status_of_several_jobs_reads_each_period(tmp_path: Path) -> None:
     env = {
         "BATCHRUN_DB": f"sqlite:///{tmp_path / 'demo.db'}",
         "BATCHRUN_MAIL": f"file://{tmp_path / 'outbox'}",
@@ -119,6 +119,7 @@ def test_status_of_a_month_is_the_birthday_jobs(tmp_path: Path) -> None:
     both = invoke("status", "--json", env=env)
     assert both.exit_code == 0, text(both)
     assert set(json.loads(both.stdout)["jobs"]) == {"birthday", "renewal"}
+    # A month names the month jobs only: birthday's object, as batchrun 0.2 printed it.
     assert "note:" not in both.stderr  # every job has its tables
     month = invoke("status", "--month", "2025-06", "--json", env=env)
     assert json.loads(month.stdout)["job"] == "birthday"

@@ -24,7 +24,7 @@ from smtp_server import SmtpTestServer, fail_recipients
 from test_cli import ANSI, _restore_root_logger, env, invoke, migrate_and_seed, text
 
 from batchrun.cli import app
-from batchrun.cli.app import reflow
+from batchrun.cli.conventions import reflow
 from batchrun.cli.explain import INDEX, verdict
 
 __all__ = ["_restore_root_logger", "env"]  # test_cli's fixtures, for these tests too
@@ -114,10 +114,10 @@ ZERO_ROWS = ("not queued", "left pending", "lost claims", "continuation", "throt
 
 
 def rows_of(out: str) -> dict[str, str]:
-    """``name -> value`` of a two-column table."""
+    """``name -> value`` of a two-column table (plain columns: stdout is not a terminal)."""
     found = {}
     for line in ANSI.sub("", out).splitlines():
-        cells = [c.strip() for c in re.split(r"[│┃]", line) if c.strip()]
+        cells = [c.strip() for c in re.split(r"\s{2,}", line) if c.strip()]
         if len(cells) == 2:
             found[cells[0]] = cells[1]
     return found
@@ -171,9 +171,10 @@ def test_a_limited_run_says_how_much_of_the_month_is_done(env: dict[str, str]) -
     total = len(eligible_ids(env["BATCHRUN_DB"], 3))
     first = invoke("birthday", "--month", "2025-03", "--limit", "5", env=env)
     assert first.exit_code == 0, text(first)
-    assert f"done 5 of {total} eligible (5 in this run); {total - 5} still to do" in first.stderr
+    said = f"done 5 of the period's {total} (5 in this run); {total - 5} still to do"
+    assert said in first.stderr
     second = invoke("birthday", "--month", "2025-03", "--limit", "4", env=env)
-    assert f"done 9 of {total} eligible (4 in this run, 5 by earlier runs)" in second.stderr
+    assert f"done 9 of the period's {total} (4 in this run, 5 by earlier runs)" in second.stderr
     rest = invoke("birthday", "--month", "2025-03", env=env)
     assert rest.exit_code == 0, text(rest)
     assert "still to do" not in rest.stderr  # the month is done: nothing to say
@@ -242,7 +243,7 @@ def test_an_interrupted_run_names_the_bars_total(
     assert bars, screen
     totals = {int(m[1]) for line in bars for m in re.finditer(r"\b\d+/(\d+)\b", line)}
     assert totals == {total}, bars[-3:]
-    done = re.search(rf"done (\d+) of {total} eligible \(\1 in this run\)", screen)
+    done = re.search(rf"done (\d+) of the period's {total} \(\1 in this run\)", screen)
     assert done, screen[-2000:]
     worked = int(done[1])
     assert 10 <= worked < total
@@ -269,7 +270,9 @@ def test_explain_says_in_one_line_which_index_and_rows_per_page(db_url: str) -> 
     labels = ("detail",) if db_url.startswith("sqlite") else ("key", "rows", "Extra")
     if db_url.startswith("postgres"):
         labels = ("QUERY PLAN",)
-    assert all(re.search(rf"│ {label}\s+│", plan.stdout) for label in labels), plan.stdout
+    # Piped: plain "label  value" lines under a "plan row N (dialect)" title, no box.
+    assert "plan row 1 (" in plan.stdout and "│" not in plan.stdout, plan.stdout
+    assert all(re.search(rf"^{label}  ", plan.stdout, re.M) for label in labels), plan.stdout
 
 
 def test_explain_without_the_index_says_slow(db_url: str) -> None:

@@ -282,10 +282,15 @@ def test_templates_dir(write: Callable[..., Path], tmp_path: Path) -> None:
 
 def test_unknown_job(write: Callable[..., Path]) -> None:
     found = discover([str(write("renewal.py", RENEWAL)), str(write("c.py", CREDITS))], builtins=())
-    with pytest.raises(UsageError, match=r"^unknown job 'x': known jobs are renewal, credits$"):
+    hint = r"; a job of your own is loaded with --jobs MODULE_OR_FILE\.py \(or BATCHRUN_JOBS\)$"
+    with pytest.raises(
+        UsageError, match=rf"^unknown job 'x': known jobs are renewal, credits{hint}"
+    ):
         found.get_job("x")
-    with pytest.raises(UsageError, match=r"^unknown job 'x': no jobs$"):
+    with pytest.raises(UsageError, match=rf"^unknown job 'x': no jobs{hint}"):
         discover(builtins=()).get_job("x")
+    with pytest.raises(UsageError, match=r"^unknown job 'renewl' \(did you mean 'renewal'\?\)"):
+        found.get_job("renewl")
 
 
 def test_import_errors(write: Callable[..., Path], tmp_path: Path) -> None:

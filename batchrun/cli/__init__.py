@@ -13,7 +13,8 @@ ui.py      ui (the dashboard, batchrun[ui])
 suppress.py  suppress add / remove / list, unsubscribe
 db.py      db migrate, db seed, db explain
 new.py     new (a job, its templates and its test)
-output.py  the progress bar and tables
+output.py  the progress bar and the run summary
+conventions.py  what every command shares: metavars, Examples:, plain tables when piped
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 import typer
 
 from batchrun.cli import (
+    conventions,
     db,
     dead,
     events,
@@ -38,7 +40,7 @@ from batchrun.cli import (
     ui,
     why,
 )
-from batchrun.cli.app import app, quiet_help_flags, reflow_help
+from batchrun.cli.app import app
 
 try:  # typer 0.2x vendors click; older releases use click itself
     from typer._click import exceptions as click_exceptions
@@ -64,8 +66,7 @@ __all__ = [
     "why",
 ]
 
-reflow_help(app)  # every command is registered by now: help reads as written
-quiet_help_flags(app)  # --help / -h without a <bool>
+conventions.apply(app)  # every command is registered by now: metavars, defaults, reflow
 
 
 # The global options that take a value, and the flags; `batchrun birthday --db URL` is

@@ -9,18 +9,16 @@ unless -v. Exit codes: 0 done, 3 some entities queued for retry, 1 fatal, 2 usag
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import sys
+import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import typer
-from rich.console import Console
 from rich.logging import RichHandler
 from rich.text import Text
-from typer.core import TyperCommand, TyperGroup
 
 try:  # typer 0.2x vendors click; older releases use click itself
     from typer._click import exceptions as click_exceptions
@@ -29,6 +27,7 @@ except ImportError:  # pragma: no cover
 
 from batchrun import __version__
 from batchrun.backends import Backends
+from batchrun.cli.conventions import stderr
 from batchrun.engine import StopToken
 from batchrun.errors import BatchrunError, ConfigError
 from batchrun.period import Period, Unit, current, parse
@@ -43,16 +42,13 @@ app = typer.Typer(
     rich_markup_mode="rich",
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     help="Run per-entity batch jobs against your own database: exactly once, resumable, fast.",
 )
 db_app = typer.Typer(
     no_args_is_help=True, help="Create the schema, add demo users, show the page query's plan."
 )
 app.add_typer(db_app, name="db")
-
-stdout = Console()
-stderr = Console(stderr=True)
 
 
 def error_line(text: str) -> Text:
@@ -87,62 +83,6 @@ class Context:
             stop=stop,
             templates_dirs={name: entry.templates_dir for name, entry in registry.items()},
         )
-
-
-def reflow(text: str) -> str:
-    """A docstring as help: each paragraph one line, for rich to wrap at the terminal's width.
-
-    typer keeps a docstring's line breaks after its first paragraph, and rich then wraps
-    those lines again, breaking sentences mid-way. A paragraph starting with ``\\b`` (click's
-    marker for "keep these lines") is left as written.
-    """
-    paragraphs = inspect.cleandoc(text).split("\n\n")
-    return "\n\n".join(
-        p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
-        for p in paragraphs
-    )
-
-
-def reflow_help(typer_app: typer.Typer) -> None:
-    """Reflow the help of every command registered on ``typer_app`` and its sub-apps."""
-    for command in typer_app.registered_commands:
-        text = command.help if command.help is not None else inspect.getdoc(command.callback)
-        if text:
-            command.help = reflow(text)
-    for group in typer_app.registered_groups:
-        if group.typer_instance is not None:
-            reflow_help(group.typer_instance)
-
-
-class _HelpFlag:
-    """``--help`` / ``-h`` is a flag, shown without the ``<bool>`` typer gives the help
-    option it builds itself (every other flag here sets ``metavar=""``)."""
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)  # type: ignore[misc]
-        if option is not None:
-            option.metavar = ""
-        return option
-
-
-class _Command(_HelpFlag, TyperCommand):
-    pass
-
-
-class _Group(_HelpFlag, TyperGroup):
-    pass
-
-
-def quiet_help_flags(typer_app: typer.Typer) -> None:
-    """Give every command and group of ``typer_app`` (and its sub-apps) a help flag
-    without a value shown (call it once every command is registered)."""
-    typer_app.info.cls = _Group
-    for command in typer_app.registered_commands:
-        if command.cls in (None, TyperCommand):
-            command.cls = _Command
-    for group in typer_app.registered_groups:
-        if group.typer_instance is not None:
-            quiet_help_flags(group.typer_instance)
 
 
 def _print_version(value: bool) -> None:
@@ -226,6 +166,7 @@ def main_options(
         bool,
         typer.Option(
             "--version",
+            "-V",
             metavar="",
             is_eager=True,
             callback=_print_version,
@@ -325,7 +266,9 @@ def run_command(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]
         if isinstance(exc, click_exceptions.ClickException | typer.Exit | typer.Abort):
             raise  # usage errors inside a command: click's own line and exit 2
         if context.verbose:
-            stderr.print_exception()
+            # The frames only: the message is the one line below, printed once.
+            frames = "".join(traceback.format_tb(exc.__traceback__))
+            stderr.print(f"Traceback (most recent call last):\n{frames}", markup=False, end="")
         line = Text.assemble(("error:", "red"), " ", error_text(context, exc))
         stderr.print(line, highlight=False, soft_wrap=True)
         code = exc.exit_code if isinstance(exc, BatchrunError) else 1

@@ -7,19 +7,28 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from batchrun.backends import open_backends
 from batchrun.cli import explain
-from batchrun.cli.app import Context, db_app, period_option, run_command, stderr, stdout
+from batchrun.cli.app import Context, db_app, period_option, run_command
+from batchrun.cli.conventions import examples, print_pairs, say, stderr, stdout
 from batchrun.db import ddl
 from batchrun.db.sqlite import sqlite_path
 from batchrun.errors import ConfigError, DatabaseError
 from batchrun.jobs.birthday import demo
+from batchrun.runtime.inspect import page_plans
 from batchrun.urls import scheme_of
 
 
-@db_app.command("migrate")
+@db_app.command(
+    "migrate",
+    epilog=examples(
+        "batchrun db migrate",
+        "batchrun db migrate --plan",
+        "batchrun db migrate --plan --json",
+        "batchrun db migrate --allow-locking",
+    ),
+)
 def db_migrate(
     ctx: typer.Context,
     plan: Annotated[
@@ -110,7 +119,13 @@ def _missing_sqlite_file(url: str) -> str | None:
     return path if path != ":memory:" and not Path(path).exists() else None
 
 
-@db_app.command("seed")
+@db_app.command(
+    "seed",
+    epilog=examples(
+        "batchrun db seed --users 20000",
+        "batchrun db seed --users 1000 --seed 7 --force",
+    ),
+)
 def db_seed(
     ctx: typer.Context,
     users: Annotated[int, typer.Option("--users", min=1, help="How many demo users to add.")],
@@ -131,39 +146,102 @@ def db_seed(
                 count = await demo.seed_users(store.jobdb, users, seed=seed, force=force)
             except demo.NotEmptyError as exc:
                 raise DatabaseError(str(exc)) from None
+            samples = await demo.sample_ids(store.jobdb)
         stderr.print(f"added {count} users to {store.db.url}", highlight=False)
+        # Ids that exist, for `batchrun preview birthday --period 2025-MM --id N`.
+        say(
+            "eligible ids by month (for `preview --id`): "
+            + "; ".join(
+                f"{month:02d}: {', '.join(map(str, ids))}" for month, ids in samples.items() if ids
+            )
+        )
         return 0
 
     run_command(ctx, go)
 
 
-@db_app.command("explain")
+@db_app.command(
+    "explain",
+    epilog=examples(
+        "batchrun db explain --month 2025-06",
+        "batchrun db explain birthday --period 2025-06 --plan",
+        "batchrun --jobs examples/renewal/renewal.py db explain renewal --period 2025-06-01 --json",
+    ),
+)
 def db_explain(
     ctx: typer.Context,
-    month: Annotated[str | None, typer.Option("--month", help="YYYY-MM")] = None,
+    job: Annotated[str, typer.Argument(help="The job whose page query to explain.")] = "birthday",
+    period: Annotated[
+        str | None, typer.Option("--period", help="The job's period; default: now (UTC).")
+    ] = None,
+    month: Annotated[
+        str | None, typer.Option("--month", help="YYYY-MM (a month job's --period).")
+    ] = None,
     plan: Annotated[
         bool, typer.Option("--plan", metavar="", help="Also print the plan rows, labelled.")
     ] = False,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            metavar="",
+            help='Print one JSON object: {"job", "period", "dialect", "verdict", "ok", '
+            '"queries": [{"sql", "plan"}]}.',
+        ),
+    ] = False,
 ) -> None:
-    """Check the birthday page query's plan: one line saying which index it uses and how many
-    rows a page of 500 examines (ok: idx_user_birth_month_status_id, in id order).
+    """Check JOB's page query plan: one line saying which index it reads through and how
+    many rows a page of 500 examines, or what is slow (a full scan, a sort) and what to do.
+
+    For birthday: ok when it uses idx_user_birth_month_status_id, in id order. For any
+    other job, the queries its page() runs through ctx.db are explained, not run.
     """
     context: Context = ctx.obj
-    which = period_option("month", month, "--month")
 
     async def go() -> int:
+        entry = context.registry.entry(job)
+        which = period_option(
+            entry.job.period, period or month, "--period" if period else "--month"
+        )
+        # Not jobs=[...]: a missing index is what explain is there to say.
         async with open_backends(context.settings) as backends:
             db = backends.store.jobdb
-            rows = await demo.explain(db, which)
-        line = explain.verdict(db.dialect, rows)
-        stdout.print(line, highlight=False, soft_wrap=True)
-        for number, row in enumerate(rows if plan else [], 1):
-            out = Table(title=f"plan row {number} ({db.dialect})", show_header=False)
-            out.add_column("", style="bold")
-            out.add_column("")
-            for name, value in row.items():
-                out.add_row(str(name), "" if value is None else str(value))
-            stdout.print(out)
+            if job == "birthday":
+                rows = await demo.explain(db, which)
+                plans = [("the birthday page query", rows)]
+                line = explain.verdict(db.dialect, rows)
+            else:
+                runtime = context.runtime(backends)
+                plans = await page_plans(runtime, entry.job, which, explain.PAGE_SIZE)
+                line = explain.page_verdict(job, db.dialect, plans, explain.PAGE_SIZE)
+        if as_json:
+            queries = [
+                {"sql": sql, "plan": [{str(k): _plain(v) for k, v in r.items()} for r in rows]}
+                for sql, rows in plans
+            ]
+            data = {
+                "job": job,
+                "period": str(which),
+                "dialect": db.dialect,
+                "verdict": line,
+                "ok": explain.good(line),
+                "queries": queries,
+            }
+            print(json.dumps(data))
+            return 0
+        stdout.print(line, highlight=False, markup=False)
+        number = 0
+        for _, rows in plans if plan else []:
+            for row in rows:
+                number += 1
+                print_pairs(
+                    f"plan row {number} ({db.dialect})",
+                    {str(name): value for name, value in row.items()},
+                )
         return 0
 
     run_command(ctx, go)
+
+
+def _plain(value: object) -> object:
+    return value if value is None or isinstance(value, int | float | str) else str(value)

@@ -11,7 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, app, run_command, stderr, stdout
+from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.conventions import examples, stderr, stdout
 from batchrun.errors import UsageError
 from batchrun.queue import dead as dead_letters
 
@@ -32,7 +33,7 @@ def _when(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
 
 
-@dead_app.command("list")
+@dead_app.command("list", epilog=examples("batchrun dead list", "batchrun dead list --json"))
 def dead_list(
     ctx: typer.Context,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Most dead letters shown.")] = 100,
@@ -76,7 +77,10 @@ def dead_list(
     run_command(ctx, go)
 
 
-@dead_app.command("redrive")
+@dead_app.command(
+    "redrive",
+    epilog=examples("batchrun dead redrive --id 17 --id 18", "batchrun dead redrive --all"),
+)
 def dead_redrive(
     ctx: typer.Context,
     ids: Annotated[
@@ -90,11 +94,6 @@ def dead_redrive(
 
     The entities they name get their attempts back (failed for good -> retrying), so the
     next consumer works them again. Give --id (repeatable) or --all.
-
-    \b
-    Examples:
-      batchrun dead redrive --id 17 --id 18
-      batchrun dead redrive --all
     """
     context: Context = ctx.obj
 
@@ -126,7 +125,7 @@ def dead_redrive(
     run_command(ctx, go)
 
 
-@dead_app.command("purge")
+@dead_app.command("purge", epilog=examples("batchrun dead purge --yes"))
 def dead_purge(
     ctx: typer.Context,
     yes: Annotated[

@@ -11,13 +11,20 @@ import typer
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, error_line, run_command, stderr
+from batchrun.cli.app import Context, app, error_line, run_command
+from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.output import table
 from batchrun.mail import events as mail_events
 from batchrun.runtime.runrecord import RunRecord
 
 
-@app.command("events")
+@app.command(
+    "events",
+    epilog=examples(
+        "batchrun events --queue https://sqs.eu-west-1.amazonaws.com/123456789012/batchrun-ses-events",
+        "batchrun events --queue URL --max 500 --json",
+    ),
+)
 def events(
     ctx: typer.Context,
     queue_url: Annotated[

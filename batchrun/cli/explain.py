@@ -96,3 +96,81 @@ def _bad(how: str, sorts: bool, rows: str) -> str:
         f"slow: the page query uses {how}, not {INDEX}: each page examines {rows}{sort}; "
         "run `batchrun db migrate` to create the index"
     )
+
+
+# -- any job's page query ----------------------------------------------------------------------
+
+_SQLITE_STEP = re.compile(
+    r"^(?P<op>SEARCH|SCAN) (?:TABLE )?(?P<table>\S+)"
+    r"(?: USING (?:COVERING )?(?:INDEX (?P<index>\S+)|(?P<pk>INTEGER PRIMARY KEY)))?"
+)
+
+
+def page_verdict(
+    job: str, dialect: str, plans: Sequence[tuple[str, Sequence[dict[str, Any]]]], page_size: int
+) -> str:
+    """One line for a job's page queries: the index each reads through, or what is slow."""
+    if not plans:
+        return f"unknown: {job}'s page runs no query through ctx.db"
+    found: list[str] = []
+    slow: list[str] = []
+    for _, plan in plans:
+        reads, problems = _reads(dialect, plan)
+        found += reads
+        slow += problems
+    if slow:
+        reading = f"reads {', '.join(found)}, but " if found else ""
+        said = "; ".join(dict.fromkeys(slow))
+        return (
+            f"slow: {job}'s page query {reading}{said}: each page examines more rows than "
+            "it returns; give it an index on the WHERE columns, then id (a migrate_* step of "
+            "the job's SqlFolder)"
+        )
+    return (
+        f"ok: {job}'s page query reads {', '.join(found) or 'no table'}, in id order with no "
+        f"sort: at most {page_size} rows examined per page of {page_size}"
+    )
+
+
+def _reads(dialect: str, plan: Sequence[dict[str, Any]]) -> tuple[list[str], list[str]]:
+    """(tables read through an index, problems) of one plan."""
+    reads: list[str] = []
+    slow: list[str] = []
+    if dialect == "sqlite":
+        for row in plan:
+            detail = str(row.get("detail", ""))
+            if "TEMP B-TREE" in detail:
+                slow.append("sorts its rows (a temporary b-tree)")
+            step = _SQLITE_STEP.match(detail)
+            if step is None:
+                continue
+            if step["index"] and step["op"] == "SEARCH":
+                reads.append(f"{step['table']} through {step['index']}")
+            elif step["op"] == "SCAN":
+                slow.append(f"scans all of {step['table']}")
+            else:
+                slow.append(f"reads {step['table']} by id alone (no index on its filter)")
+    elif dialect == "postgresql":
+        for row in plan:
+            line = str(next(iter(row.values()), ""))
+            if line.lstrip(" ->").startswith("Sort"):
+                slow.append("sorts its rows")
+            scan = _PG_SCAN.search(line)
+            if scan is None:
+                continue
+            if scan[1] == "Seq Scan on":
+                slow.append(f"scans all of {scan[2]} (a sequential scan)")
+            else:
+                reads.append(f"through {scan[2]}")
+    else:
+        for row in plan:
+            table, key, extra = row.get("table"), row.get("key"), str(row.get("Extra") or "")
+            if "filesort" in extra or "temporary" in extra:
+                slow.append(f"sorts the rows of {table}")
+            if row.get("type") == "ALL" or not key:
+                slow.append(f"scans all of {table} (about {row.get('rows')} rows)")
+            elif key == "PRIMARY":
+                slow.append(f"reads {table} by id alone (no index on its filter)")
+            else:
+                reads.append(f"{table} through {key}")
+    return reads, slow

@@ -14,16 +14,8 @@ from rich.markup import escape
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import (
-    Context,
-    app,
-    error_text,
-    period_option,
-    rate_option,
-    run_command,
-    stderr,
-    stdout,
-)
+from batchrun.cli.app import Context, app, error_text, period_option, rate_option, run_command
+from batchrun.cli.conventions import examples, print_table, say, stderr
 from batchrun.cli.output import ASKED, Bar, Month, progress_bar, table
 from batchrun.period import Period
 from batchrun.runtime import Options, Runtime, Summary
@@ -77,7 +69,14 @@ ShardSize = Annotated[
 ]
 
 
-@app.command("birthday")
+@app.command(
+    "birthday",
+    epilog=examples(
+        "batchrun birthday --month 2025-06 --dry-run",
+        "batchrun birthday --month 2025-06 --concurrency 50 --rate 40",
+        "batchrun birthday --month 2025-06 --json",
+    ),
+)
 def birthday(
     ctx: typer.Context,
     month: Annotated[
@@ -112,7 +111,14 @@ def birthday(
     _run_job(ctx, "birthday", which, options, dry_run, as_json, fan_out, shard_size)
 
 
-@app.command("run")
+@app.command(
+    "run",
+    epilog=examples(
+        "batchrun run birthday --period 2025-06",
+        "batchrun --jobs ./greetings.py run greeting --period 2025-06-01 --dry-run",
+        "batchrun run renewal --period 2025-06-01 --limit 100 --json",
+    ),
+)
 def run(
     ctx: typer.Context,
     job: Annotated[str, typer.Argument(help="The job's name (see `batchrun jobs`).")],
@@ -287,7 +293,13 @@ async def _fan_out(
     return 0
 
 
-@app.command("jobs")
+@app.command(
+    "jobs",
+    epilog=examples(
+        "batchrun jobs",
+        "batchrun --jobs ./greetings.py jobs --json",
+    ),
+)
 def jobs(ctx: typer.Context, as_json: Json = False) -> None:
     """List the jobs batchrun knows: built-in, --jobs and the batchrun.jobs entry points."""
     context: Context = ctx.obj
@@ -297,20 +309,26 @@ def jobs(ctx: typer.Context, as_json: Json = False) -> None:
         if as_json:
             print(json.dumps(described))
             return 0
-        from rich.table import Table
-
-        out = Table("job", "period", "once per", "description", "source")
-        for job in described:
-            out.add_row(
-                job["name"], job["period"], job["once_per"], job["description"], job["source"]
-            )
-        stdout.print(out)
+        print_table(
+            ("job", "period", "once per", "description", "source"),
+            [
+                (j["name"], j["period"], j["once_per"], j["description"], j["source"])
+                for j in described
+            ],
+        )
         return 0
 
     run_command(ctx, go)
 
 
-@app.command("preview")
+@app.command(
+    "preview",
+    epilog=examples(
+        "batchrun preview birthday --period 2025-06 --id 42",
+        "batchrun preview birthday --period 2025-06 --id 42 --html card.html",
+        "batchrun preview birthday --period 2025-06 --id 42 --json",
+    ),
+)
 def preview(
     ctx: typer.Context,
     job: Annotated[str, typer.Argument(help="The job's name.")],
@@ -321,6 +339,15 @@ def preview(
     html: Annotated[
         Path | None, typer.Option("--html", metavar="FILE", help="Also write the HTML part here.")
     ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            metavar="",
+            help='Print one JSON object: {"job", "period", "id", "from", "to", "subject", '
+            '"message_id", "headers", "text", "html"}.',
+        ),
+    ] = False,
 ) -> None:
     """Print the email JOB would send to entity ID, rendered from its templates.
 
@@ -335,15 +362,30 @@ def preview(
         async with open_backends(settings, jobs=[entry.job]) as backends:
             message = await context.runtime(backends).preview(job, which, entity)
         parsed = message.to_email(utf8=True)  # a non-ASCII local part shown as it is
+        text = parsed.get_body(("plain",))
+        if html is not None:
+            html.write_text(message.html, encoding="utf-8")
+            say(f"HTML part written to {html}")
+        if as_json:
+            data = {
+                "job": job,
+                "period": str(which),
+                "id": entity,
+                "from": str(parsed["From"]),
+                "to": str(parsed["To"]),
+                "subject": str(parsed["Subject"]),
+                "message_id": str(parsed["Message-ID"]),
+                "headers": {k: str(v) for k, v in parsed.items()},
+                "text": text.get_content() if text is not None else "",
+                "html": message.html or None,
+            }
+            print(json.dumps(data))
+            return 0
         for header in ("From", "To", "Subject", "Message-ID", "List-Unsubscribe"):
             if header in parsed:
                 print(f"{header}: {parsed[header]}")
         print()
-        text = parsed.get_body(("plain",))
         print(text.get_content() if text is not None else "")
-        if html is not None:
-            html.write_text(message.html, encoding="utf-8")
-            stderr.print(f"HTML part written to {html}", highlight=False)
         return 0
 
     run_command(ctx, go)

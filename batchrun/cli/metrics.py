@@ -9,11 +9,18 @@ from typing import Annotated
 import typer
 
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, app, run_command, stderr
+from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.conventions import examples, stderr
 from batchrun.errors import UsageError
 
 
-@app.command("metrics")
+@app.command(
+    "metrics",
+    epilog=examples(
+        "batchrun metrics",
+        "batchrun metrics --textfile /var/lib/node_exporter/textfile/batchrun.prom   # in cron",
+    ),
+)
 def metrics_command(
     ctx: typer.Context,
     textfile: Annotated[
@@ -32,11 +39,6 @@ def metrics_command(
     batchrun_last_run_timestamp_seconds{job,outcome},
     batchrun_last_success_timestamp_seconds{job}, batchrun_run_duration_seconds{job}.
     Alert on time() - batchrun_last_success_timestamp_seconds for "the job did not run".
-
-    \b
-    Examples:
-      batchrun metrics
-      batchrun metrics --textfile /var/lib/node_exporter/textfile/batchrun.prom   # in cron
     """
     context: Context = ctx.obj
     settings = context.settings

@@ -7,11 +7,19 @@ from typing import Annotated
 
 import typer
 
-from batchrun.cli.app import app, run_command, stderr
+from batchrun.cli.app import app, run_command
+from batchrun.cli.conventions import examples, stderr
 from batchrun.scaffold import Scaffold
 
 
-@app.command("new")
+@app.command(
+    "new",
+    epilog=examples(
+        "batchrun new renewal --dir jobs --table account",
+        "pytest jobs/test_renewal.py",
+        "batchrun --jobs jobs/renewal.py run renewal --dry-run",
+    ),
+)
 def new(
     ctx: typer.Context,
     job: Annotated[
@@ -34,12 +42,6 @@ def new(
 
     The job emails each row of TABLE once a month: edit its page query, its process and
     its templates from there. Nothing is overwritten: an existing file stops it (exit 2).
-
-    \b
-    Examples:
-      batchrun new renewal --dir jobs --table account
-      pytest jobs/test_renewal.py
-      batchrun --jobs jobs/renewal.py run renewal --dry-run
     """
 
     async def go() -> int:

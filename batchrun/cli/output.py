@@ -18,11 +18,10 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-from rich.table import Table
 from rich.text import Text
 
 from batchrun import engine
-from batchrun.cli.app import stderr, stdout
+from batchrun.cli.conventions import print_pairs, stderr
 
 STATE_NAMES = {0: "pending", 1: "sent", 2: "skipped", 3: "retrying", 4: "failed"}
 _HIDDEN = ("job", "month", "period", "dry_run")
@@ -99,7 +98,8 @@ class Month:
         """The line after a run that stopped (or hit --limit) with some of the period to do."""
         earlier = f", {self.done_before} by earlier runs" if self.done_before else ""
         return (
-            f"done {self.done_before + worked} of {self.total} eligible ({worked} in this "
+            # Not "eligible": the summary's eligible is what this run took on.
+            f"done {self.done_before + worked} of the period's {self.total} ({worked} in this "
             f"run{earlier}); {self.left(worked)} still to do: the same command goes on"
         )
 
@@ -140,10 +140,6 @@ def shown(data: dict[str, Any], always: Collection[str] | None) -> dict[str, Any
 
 
 def table(title: str, data: dict[str, Any], always: Collection[str] | None = None) -> None:
-    """A two-column table of ``data`` (see ``shown``: pass ``always`` to hide zero rows)."""
-    out = Table(title=title, show_header=False, min_width=len(title) + 2)  # a title on one line
-    out.add_column("", style="bold")
-    out.add_column("", justify="right")
-    for key, value in shown(data, always).items():
-        out.add_row(key.replace("_", " "), str(value))
-    stdout.print(out)
+    """A two-column table of ``data`` (see ``shown``: pass ``always`` to hide zero rows);
+    plain ``name  value`` lines when stdout is not a terminal."""
+    print_pairs(title, {key.replace("_", " "): value for key, value in shown(data, always).items()})

@@ -11,13 +11,20 @@ from rich.markup import escape
 
 from batchrun import engine
 from batchrun.backends import open_backends, open_queue
-from batchrun.cli.app import Context, app, error_text, rate_option, run_command, stderr
+from batchrun.cli.app import Context, app, error_text, rate_option, run_command
+from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.output import ASKED, table
 from batchrun.runtime import Options, RetrySummary
 from batchrun.runtime.runrecord import RunRecord
 
 
-@app.command("worker")
+@app.command(
+    "worker",
+    epilog=examples(
+        "batchrun worker --concurrency 50 --rate 10",
+        'batchrun worker --queue "$BATCHRUN_RETRY_QUEUE" --idle-exit 5',
+    ),
+)
 def worker(
     ctx: typer.Context,
     queue_url: Annotated[
@@ -117,7 +124,13 @@ def worker(
     run_command(ctx, go)
 
 
-@app.command("retry")
+@app.command(
+    "retry",
+    epilog=examples(
+        "batchrun retry",
+        "batchrun retry --max 1000 --json",
+    ),
+)
 def retry(
     ctx: typer.Context,
     max_messages: Annotated[

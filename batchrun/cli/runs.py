@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, app, run_command, stdout
+from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.conventions import examples, print_table, stdout
 from batchrun.runtime.control import Control, Controls
 from batchrun.runtime.history import History, iso
 
@@ -60,7 +60,14 @@ def _when(ms: int | None) -> str:
     return "" if text is None else text[:19].replace("T", " ")
 
 
-@app.command("runs")
+@app.command(
+    "runs",
+    epilog=examples(
+        "batchrun runs",
+        "batchrun runs birthday --since 7d",
+        "batchrun runs --since 2025-06-01 --limit 100 --json",
+    ),
+)
 def runs(
     ctx: typer.Context,
     job: Annotated[str | None, typer.Argument(help="Only this job's runs.")] = None,
@@ -78,12 +85,6 @@ def runs(
 
     A run whose heartbeat stopped without an end (kill -9, a lost host) reads `crashed`
     once its lease has passed.
-
-    \b
-    Examples:
-      batchrun runs
-      batchrun runs birthday --since 7d
-      batchrun runs --since 2025-06-01 --limit 100 --json
     """
     context: Context = ctx.obj
     settings = context.settings
@@ -96,23 +97,28 @@ def runs(
         if as_json:
             print(json.dumps([r.to_json() for r in rows]))
             return 0
-        out = Table("id", "job", "period", "kind", "started (UTC)", "took", "outcome", "exit")
-        out.add_column("host:pid")
-        out.add_column("counts")
-        for r in rows:
-            out.add_row(
-                str(r.id),
-                r.job or "",
-                r.period or "",
-                r.kind,
-                _when(r.started_at),
-                f"{r.duration_s:.1f}s",
-                r.outcome,
-                "" if r.exit_code is None else str(r.exit_code),
-                f"{r.host}:{r.pid}",
-                short_counts(r.counts) + (f" error: {r.error}" if r.error else ""),
-            )
-        stdout.print(out if rows else "no runs recorded yet", highlight=False)
+        if not rows:
+            stdout.print("no runs recorded yet", highlight=False)
+            return 0
+        headers = ("id", "job", "period", "kind", "started (UTC)", "took", "outcome", "exit")
+        print_table(
+            (*headers, "host:pid", "counts"),
+            [
+                (
+                    r.id,
+                    r.job,
+                    r.period,
+                    r.kind,
+                    _when(r.started_at),
+                    f"{r.duration_s:.1f}s",
+                    r.outcome,
+                    r.exit_code,
+                    f"{r.host}:{r.pid}",
+                    short_counts(r.counts) + (f" error: {r.error}" if r.error else ""),
+                )
+                for r in rows
+            ],
+        )
         return 0
 
     run_command(ctx, go)
@@ -156,7 +162,7 @@ def _paused(control: Control) -> dict[str, Any]:
 
 def print_overview(data: dict[str, Any]) -> None:
     """The overview as tables: jobs, then the processes serving every job."""
-    out = Table("job", "last run (UTC)", "took", "outcome", "counts", "running now", "paused")
+    rows = []
     for name, job in data["jobs"].items():
         last = job["last_run"]
         now = [_live(r) for r in job["running"]]
@@ -164,26 +170,33 @@ def print_overview(data: dict[str, Any]) -> None:
             (p["period"] or "every period") + (f" ({p['reason']})" if p["reason"] else "")
             for p in job["paused"]
         ]
-        out.add_row(
-            name,
-            last["started_at"][:19].replace("T", " ") if last else "never",
-            f"{last['duration_s']:.1f}s" if last else "",
-            last["outcome"] if last else "",
-            short_counts(last["counts"]) if last else "",
-            "\n".join(now),
-            "\n".join(paused),
-        )
-    stdout.print(out)
-    if data["serving"]:
-        serving = Table("kind", "host:pid", "since (UTC)", "progress", title="serving every job")
-        for r in data["serving"]:
-            serving.add_row(
-                r["kind"],
-                f"{r['host']}:{r['pid']}",
-                r["started_at"][:19].replace("T", " "),
-                short_counts(r["counts"]),
+        rows.append(
+            (
+                name,
+                last["started_at"][:19].replace("T", " ") if last else "never",
+                f"{last['duration_s']:.1f}s" if last else "",
+                last["outcome"] if last else "",
+                short_counts(last["counts"]) if last else "",
+                "; ".join(now),
+                "; ".join(paused),
             )
-        stdout.print(serving)
+        )
+    headers = ("job", "last run (UTC)", "took", "outcome", "counts", "running now", "paused")
+    print_table(headers, rows)
+    if data["serving"]:
+        print_table(
+            ("kind", "host:pid", "since (UTC)", "progress"),
+            [
+                (
+                    r["kind"],
+                    f"{r['host']}:{r['pid']}",
+                    r["started_at"][:19].replace("T", " "),
+                    short_counts(r["counts"]),
+                )
+                for r in data["serving"]
+            ],
+            title="serving every job",
+        )
     stdout.print(
         f"retry queue {data['retry_queue_depth']}, dead letters {data['dead_letter_depth']}",
         highlight=False,

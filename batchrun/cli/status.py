@@ -6,26 +6,40 @@ import json
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
-from rich.text import Text
 
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, app, period_option, run_command, stderr, stdout
+from batchrun.cli.app import Context, app, period_option, run_command
+from batchrun.cli.conventions import examples, print_table, stderr, stdout
 from batchrun.cli.output import STATE_NAMES, table
 from batchrun.cli.runs import overview, print_overview
 from batchrun.cli.tasks import task_status
+from batchrun.db.store import Store
+from batchrun.period import parse as parse_period
+from batchrun.registry import JobEntry
 from batchrun.runtime.control import Steering
 from batchrun.tasks import Task
 
 SHOWN = 50
 
 
-@app.command("status")
+@app.command(
+    "status",
+    epilog=examples(
+        "batchrun status",
+        "batchrun status --month 2025-06",
+        "batchrun status renewal --period 2025-06-01 --all",
+        "batchrun status birthday --period 2025-06 --json",
+    ),
+)
 def status(
     ctx: typer.Context,
     job: Annotated[
         str | None,
-        typer.Argument(help="The job's name; none: every job's last and current runs."),
+        typer.Argument(
+            help="The job's name; none and no period: every job's last and current runs; "
+            "none with a period: every job of that period whose tables are in the database "
+            "(the others are skipped with a note)."
+        ),
     ] = None,
     period: Annotated[
         str | None, typer.Option("--period", help="The job's period; default: now (UTC).")
@@ -46,88 +60,70 @@ def status(
     """Done, pending, skipped and failed entities of JOB's period, queue and dead-letter depths.
 
     With no job and no period: every job's last run (when, how long, outcome, counts), what
-    runs now (host, pid, progress), which jobs are paused, and the queue depths. `--month`
-    alone is the birthday job's month, as before.
+    runs now (host, pid, progress), which jobs are paused, and the queue depths.
 
     For a task job (batchrun.Task): its tasks pending, running, succeeded, failed (waiting
     for another attempt) and dead, and oldest_pending_s.
 
-    \b
-    Examples:
-      batchrun status
-      batchrun status birthday --month 2025-06
-      batchrun status renewal --period 2025-06-01 --json
+    With no job and a period: each job of that period whose tables are in the database, in
+    turn (--json: the one job's object, or {"jobs": {name: object}} for several).
     """
     context: Context = ctx.obj
     settings = context.settings
     if job is None and period is None and month is None:
         run_command(ctx, lambda: _overview(context, as_json))
         return
-    name = job or "birthday"
 
     async def go() -> int:
-        job = name
-        entry = context.registry.entry(job)
-        if isinstance(entry.job, Task):  # pending, running, succeeded, failed, dead tasks
-            tasks = await task_status(context, entry.job)
-            if as_json:
-                print(json.dumps(tasks))
-            else:
-                table(f"status {job}", tasks)
-            return 0
-        unit = entry.job.period
-        which = period_option(unit, period or month, "--period" if period else "--month")
-        async with open_backends(settings, queue=True, jobs=[entry.job]) as backends:
+        if job is not None:
+            entries = [context.registry.entry(job)]
+            if isinstance(entries[0].job, Task):  # pending, running, succeeded, failed, dead
+                tasks = await task_status(context, entries[0].job)
+                if as_json:
+                    print(json.dumps(tasks))
+                else:
+                    table(f"status {job}", tasks)
+                return 0
+        else:
+            entries = [
+                e
+                for e in _of_period(list(context.registry.values()), period or month)
+                if not isinstance(e.job, Task)
+            ]
+        # Each period is read before anything opens: a bad one is a usage error (exit 2).
+        periods = {
+            e.job.name: period_option(
+                e.job.period, period or month, "--period" if period else "--month"
+            )
+            for e in entries
+        }
+        async with open_backends(settings, queue=True, jobs=[e.job for e in entries]) as backends:
             assert backends.queue is not None
+            if job is None:
+                entries = await _with_tables(backends.store, entries)
             limit = 10**9 if show_all else SHOWN
-            counts = await context.runtime(backends).status(job, which, problems=limit + 1)
-            depth, dead = await backends.queue.depths()
             steering = Steering()
             await steering.refresh(backends.store.db)
-            held = steering.paused(job, str(which))
-        problems: list[tuple[int, int, int, str | None]] = counts.pop("problems")
-        more = max(0, len(problems) - limit)
-        problems = problems[:limit]
-        data: dict[str, Any] = {"job": job, "period": str(which)}
-        if unit == "month":
-            data["month"] = str(which)
-        if job == "birthday":
-            data["cards"] = counts.pop("cards", 0)
-            data["emails_sent"] = counts.pop("succeeded")
-        data.update(counts)
-        data.update(
-            retry_queue_depth=depth,
-            dead_letter_depth=dead,
-            problems=[
-                {
-                    "id": uid,
-                    "user_id": uid,
-                    "state": STATE_NAMES.get(state, str(state)),
-                    "attempts": attempts,
-                    "reason": reason,
-                }
-                for uid, state, attempts, reason in problems
-            ],
-            problems_not_listed=more,
-        )
-        if held is not None:  # only when paused: `batchrun pause`
-            data["paused"] = True
-            data["paused_reason"] = held.reason
+            reports = []
+            for entry in entries:
+                name = entry.job.name
+                which = periods[name]
+                counts = await context.runtime(backends).status(name, which, problems=limit)
+                depth, dead = await backends.queue.depths()
+                data = _report(name, entry.job.period, str(which), counts, depth, dead, limit)
+                held = steering.paused(name, str(which))
+                if held is not None:  # only when paused: `batchrun pause`
+                    data["paused"] = True
+                    data["paused_reason"] = held.reason
+                reports.append(data)
         if as_json:
-            print(json.dumps(data))
+            if len(reports) == 1:
+                print(json.dumps(reports[0]))
+            else:
+                print(json.dumps({"jobs": {r["job"]: r for r in reports}}))
             return 0
-        table(
-            f"status {job} {which}", {k: v for k, v in data.items() if not k.startswith("problems")}
-        )
-        if problems:
-            out = Table("id", "state", "attempts", "reason", title="entities not done")
-            for p in data["problems"]:
-                # Text, not markup: a reason may hold "[/path]" (an error's own words).
-                reason = Text(p["reason"] or "")
-                out.add_row(str(p["id"]), p["state"], str(p["attempts"]), reason)
-            stdout.print(out)
-        if more:
-            stdout.print(f"… and {more} more (`batchrun status --all` lists them)", highlight=False)
+        for data in reports:
+            _print(data)
         return 0
 
     run_command(ctx, go)
@@ -141,6 +137,91 @@ async def _overview(context: Context, as_json: bool) -> int:
     else:
         print_overview(data)
     return 0
+
+
+def _of_period(entries: list[JobEntry], text: str | None) -> list[JobEntry]:
+    """The entries whose period ``text`` names (all when it is None); the first entry
+    when none does, so that its period says what is wrong with ``text``."""
+    if text is None:
+        return entries
+    fitting = []
+    for entry in entries:
+        try:
+            parse_period(entry.job.period, text)
+        except ValueError:
+            continue
+        fitting.append(entry)
+    return fitting or entries[:1]
+
+
+async def _with_tables(store: Store, entries: list[JobEntry]) -> list[JobEntry]:
+    """The entries whose job's tables are in the database; a note for each of the others."""
+    usable = []
+    for entry in entries:
+        missing = await store.missing_requirements(entry.job)
+        if missing is None:
+            usable.append(entry)
+        else:
+            stderr.print(f"note: not shown: {missing}", highlight=False, soft_wrap=True)
+    if not usable:
+        stderr.print("note: no job has its tables in this database", highlight=False)
+    return usable
+
+
+def _report(
+    job: str,
+    unit: str,
+    period: str,
+    counts: dict[str, Any],
+    depth: int,
+    dead: int | None,
+    limit: int,
+) -> dict[str, Any]:
+    """The JSON object of one job's status."""
+    problems: list[tuple[int, int, int, str | None]] = counts.pop("problems")[:limit]
+    not_done = sum(int(counts.get(k) or 0) for k in ("skipped", "retrying", "failed_permanent"))
+    more = max(0, not_done - len(problems))  # every one the ledger lists, not one past it
+    data: dict[str, Any] = {"job": job, "period": period}
+    if unit == "month":
+        data["month"] = period
+    if job == "birthday":
+        data["cards"] = counts.pop("cards", 0)
+        data["emails_sent"] = counts.pop("succeeded")
+    data.update(counts)
+    data.update(
+        retry_queue_depth=depth,
+        dead_letter_depth=dead,
+        problems=[
+            {
+                "id": uid,
+                "user_id": uid,
+                "state": STATE_NAMES.get(state, str(state)),
+                "attempts": attempts,
+                "reason": reason,
+            }
+            for uid, state, attempts, reason in problems
+        ],
+        problems_not_listed=more,
+    )
+    return data
+
+
+def _print(data: dict[str, Any]) -> None:
+    """One job's status as tables, for a person."""
+    title = f"status {data['job']} {data['period']}"
+    table(title, {k: v for k, v in data.items() if not k.startswith("problems")})
+    if data["problems"]:
+        print_table(
+            ("id", "state", "attempts", "reason"),
+            [(p["id"], p["state"], p["attempts"], p["reason"]) for p in data["problems"]],
+            title="entities not done",
+        )
+    if more := data["problems_not_listed"]:
+        stdout.print(
+            f"… and {more} more (`batchrun status {data['job']} --period {data['period']} "
+            "--all` lists them)",
+            highlight=False,
+        )
 
 
 async def _note_missing_tables(context: Context) -> None:

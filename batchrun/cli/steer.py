@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, app, run_command, stderr
+from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.conventions import examples, stderr
 from batchrun.period import parse as parse_period
 from batchrun.runtime.control import Controls
 
@@ -33,7 +34,13 @@ PeriodOption = Annotated[
 ]
 
 
-@app.command("pause")
+@app.command(
+    "pause",
+    epilog=examples(
+        'batchrun pause birthday --reason "SES complaint rate"',
+        "batchrun pause renewal --period 2025-06-01",
+    ),
+)
 def pause(
     ctx: typer.Context,
     job: JobArgument,
@@ -46,11 +53,6 @@ def pause(
     claims stay alive) until `batchrun resume`. A run started while it is paused exits 0 at
     once and claims nothing (cron and the scheduled Lambda too); queue consumers leave its
     messages on the queue.
-
-    \b
-    Examples:
-      batchrun pause birthday --reason "SES complaint rate"
-      batchrun pause renewal --period 2025-06-01
     """
     context: Context = ctx.obj
 
@@ -68,15 +70,16 @@ def pause(
     run_command(ctx, go)
 
 
-@app.command("resume")
+@app.command(
+    "resume",
+    epilog=examples(
+        "batchrun resume birthday",
+        "batchrun resume renewal --period 2025-06-01",
+    ),
+)
 def resume(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) -> None:
     """Resume JOB (or one period of it) after `batchrun pause`: paused processes go on at
     their next heartbeat.
-
-    \b
-    Examples:
-      batchrun resume birthday
-      batchrun resume renewal --period 2025-06-01
     """
     context: Context = ctx.obj
 
@@ -100,17 +103,18 @@ def resume(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) ->
     run_command(ctx, go)
 
 
-@app.command("cancel")
+@app.command(
+    "cancel",
+    epilog=examples(
+        "batchrun cancel birthday",
+        "batchrun cancel renewal --period 2025-06-01",
+    ),
+)
 def cancel(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) -> None:
     """Cancel the runs of JOB going on now (or of one period): at their next heartbeat they
     stop as on Ctrl-C. In-flight entities finish, the rest stay pending for a later run;
     they exit 130 (JSON `"stopped": "cancelled"`). Runs started afterwards are not
     affected (use `batchrun pause` to keep them from starting).
-
-    \b
-    Examples:
-      batchrun cancel birthday
-      batchrun cancel renewal --period 2025-06-01
     """
     context: Context = ctx.obj
 

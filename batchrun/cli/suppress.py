@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from batchrun import unsubscribe as unsubscribing
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, app, run_command, stderr, stdout
+from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.conventions import examples, print_table, stderr
 from batchrun.db.store import REASONS, Reason, Suppression, address_key
 from batchrun.errors import ConfigError
 from batchrun.mail.base import valid_address
@@ -54,7 +54,13 @@ def _json(entry: Suppression) -> dict[str, str]:
     }
 
 
-@suppress_app.command("add")
+@suppress_app.command(
+    "add",
+    epilog=examples(
+        "batchrun suppress add ann@example.com",
+        "batchrun suppress add ann@example.com --reason complaint --source support --json",
+    ),
+)
 def suppress_add(
     ctx: typer.Context,
     address: Annotated[str, typer.Argument(metavar="ADDR", help="The address to stop mailing.")],
@@ -65,6 +71,14 @@ def suppress_add(
     source: Annotated[
         str, typer.Option("--source", help="Where the request came from (at most 100 chars).")
     ] = "cli",
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            metavar="",
+            help='Print one JSON object: {"address", "reason", "source", "created_at", "added"}.',
+        ),
+    ] = False,
 ) -> None:
     """Stop every job mailing ADDR: a run skips it ("suppressed: REASON") before any effect."""
     context: Context = ctx.obj
@@ -77,7 +91,9 @@ def suppress_add(
             added = await store.suppress(addr, reason=why, source=source)
             entry = await store.suppression(addr)
         assert entry is not None
-        if added:
+        if as_json:
+            print(json.dumps({**_json(entry), "added": added}))
+        elif added:
             stderr.print(f"suppressed {entry.address} ({entry.reason})", highlight=False)
         else:
             stderr.print(
@@ -90,10 +106,20 @@ def suppress_add(
     run_command(ctx, go)
 
 
-@suppress_app.command("remove")
+@suppress_app.command(
+    "remove",
+    epilog=examples(
+        "batchrun suppress remove ann@example.com",
+        "batchrun suppress remove ann@example.com --json",
+    ),
+)
 def suppress_remove(
     ctx: typer.Context,
     address: Annotated[str, typer.Argument(metavar="ADDR", help="The address to mail again.")],
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", metavar="", help='Print one JSON object: {"address", "removed"}.'),
+    ] = False,
 ) -> None:
     """Take ADDR off the suppression list: jobs mail it again from their next run."""
     context: Context = ctx.obj
@@ -102,7 +128,9 @@ def suppress_remove(
     async def go() -> int:
         async with open_backends(context.settings) as backends:
             removed = await backends.store.unsuppress(addr)
-        if removed:
+        if as_json:
+            print(json.dumps({"address": addr, "removed": bool(removed)}))
+        elif removed:
             stderr.print(f"removed {addr} from the suppression list", highlight=False)
         else:
             stderr.print(f"{addr} is not on the suppression list", highlight=False)
@@ -111,7 +139,13 @@ def suppress_remove(
     run_command(ctx, go)
 
 
-@suppress_app.command("list")
+@suppress_app.command(
+    "list",
+    epilog=examples(
+        "batchrun suppress list",
+        "batchrun suppress list --json",
+    ),
+)
 def suppress_list(
     ctx: typer.Context,
     as_json: Annotated[
@@ -126,7 +160,7 @@ def suppress_list(
 
     async def go() -> int:
         count = 0
-        out = Table("address", "reason", "source", "since", title="suppression list")
+        rows: list[tuple[str, str, str, str]] = []
         async with open_backends(context.settings) as backends:
             after = ""
             if as_json:  # written a page at a time: any size in bounded memory
@@ -137,8 +171,8 @@ def suppress_list(
                     if as_json:
                         print(("," if count else "") + json.dumps(_json(entry)), end="")
                     else:
-                        out.add_row(
-                            entry.address, entry.reason, entry.source, _when(entry.created_at)
+                        rows.append(
+                            (entry.address, entry.reason, entry.source, _when(entry.created_at))
                         )
                     count += 1
                 if len(entries) < PAGE:
@@ -147,7 +181,7 @@ def suppress_list(
         if as_json:
             print(f'], "count": {count}}}')
         elif count:
-            stdout.print(out)
+            print_table(("address", "reason", "source", "since"), rows, title="suppression list")
         else:
             stderr.print("the suppression list is empty", highlight=False)
         return 0
@@ -155,7 +189,13 @@ def suppress_list(
     run_command(ctx, go)
 
 
-@app.command("unsubscribe")
+@app.command(
+    "unsubscribe",
+    epilog=examples(
+        "batchrun unsubscribe TOKEN",
+        "batchrun unsubscribe https://example.com/unsubscribe/TOKEN --json",
+    ),
+)
 def unsubscribe(
     ctx: typer.Context,
     token: Annotated[
@@ -164,6 +204,12 @@ def unsubscribe(
             metavar="TOKEN", help="The token from a List-Unsubscribe URL, or the whole URL."
         ),
     ],
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", metavar="", help='Print one JSON object: {"address", "job", "added"}.'
+        ),
+    ] = False,
 ) -> None:
     """Apply an unsubscribe token: suppress its address (reason unsubscribe, source its job).
 
@@ -184,6 +230,9 @@ def unsubscribe(
         request = signer.verify(unsubscribing.token_of(token))
         async with open_backends(settings) as backends:
             added = await unsubscribing.apply(backends.store, request)
+        if as_json:
+            print(json.dumps({"address": request.address, "job": request.job, "added": added}))
+            return 0
         state = "unsubscribed" if added else "already suppressed:"
         stderr.print(f"{state} {request.address} (from {request.job})", highlight=False)
         return 0

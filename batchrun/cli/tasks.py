@@ -9,7 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, app, run_command, stderr
+from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.conventions import examples, stderr
 from batchrun.errors import UsageError
 from batchrun.period import parse as parse_period
 from batchrun.tasks.store import TaskStore
@@ -59,7 +60,14 @@ async def task_status(context: Context, job: Task) -> dict[str, Any]:
     return {"job": job.name, **{k: counts[k] for k in STATUS_KEYS}}
 
 
-@app.command("submit")
+@app.command(
+    "submit",
+    epilog=examples(
+        "batchrun submit birthday --period 2025-06 --id 42",
+        "batchrun submit uploads --id 7 --data '{\"kind\": \"scan\", \"upload_id\": 9}'",
+        "batchrun submit uploads --id 7 --key upload-991 --json",
+    ),
+)
 def submit(
     ctx: typer.Context,
     job: Annotated[str, typer.Argument(help="The job's name.")],

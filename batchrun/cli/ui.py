@@ -11,13 +11,20 @@ from typing import Annotated
 import typer
 
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, app, stderr
+from batchrun.cli.app import Context, app
+from batchrun.cli.conventions import examples, stderr
 from batchrun.errors import BatchrunError
 from batchrun.runtime.runtime import Runtime
 from batchrun.urls import mask_text
 
 
-@app.command("ui")
+@app.command(
+    "ui",
+    epilog=examples(
+        "batchrun ui                               # http://127.0.0.1:8765/",
+        "BATCHRUN_UI_TOKEN=… batchrun ui --host 0.0.0.0 --read-only",
+    ),
+)
 def ui(
     ctx: typer.Context,
     host: Annotated[
@@ -38,11 +45,6 @@ def ui(
     It listens on 127.0.0.1 by default. Any other address needs BATCHRUN_UI_TOKEN (sent as
     Authorization: Bearer, or through the login form), or it refuses to start. Needs
     `pip install 'batchrun\\[ui]'`.
-
-    \b
-    Examples:
-      batchrun ui                               # http://127.0.0.1:8765/
-      BATCHRUN_UI_TOKEN=… batchrun ui --host 0.0.0.0 --read-only
     """
     context: Context = ctx.obj
     settings = context.settings

@@ -6,14 +6,20 @@ import json
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from batchrun.backends import open_backends
-from batchrun.cli.app import Context, app, period_option, run_command, stdout
+from batchrun.cli.app import Context, app, period_option, run_command
+from batchrun.cli.conventions import examples, print_table, stdout
 from batchrun.runtime import story
 
 
-@app.command("why")
+@app.command(
+    "why",
+    epilog=examples(
+        "batchrun why birthday 42 --period 2025-06",
+        "batchrun why birthday 42 --json",
+    ),
+)
 def why(
     ctx: typer.Context,
     job: Annotated[str, typer.Argument(metavar="JOB", help="The job's name.")],
@@ -31,11 +37,6 @@ def why(
     suppressed address), its ledger state, attempts and last error, the Message-ID of its
     email and when it was accepted, bounces, complaints and unsubscribes, its messages on
     the retry or dead-letter queue, and the run that did each step. Reads only.
-
-    \b
-    Examples:
-      batchrun why birthday 42 --period 2025-06
-      batchrun why birthday 42 --json
     """
     context: Context = ctx.obj
     settings = context.settings
@@ -54,11 +55,10 @@ def why(
             f"ledger state {told.state or '(none)'}",
             highlight=False,
         )
-        out = Table("at (UTC)", "what", "detail", "run")
-        for event in told.events:
-            run = "" if event.run_id is None else str(event.run_id)
-            out.add_row(story.iso(event.at), event.what, event.detail, run)
-        stdout.print(out)
+        print_table(
+            ("at (UTC)", "what", "detail", "run"),
+            [(story.iso(e.at), e.what, e.detail, e.run_id) for e in told.events],
+        )
         return 0
 
     run_command(ctx, go)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from batchrun.db.store import Store
+from batchrun.db.base import Database
+from batchrun.db.store import FINAL_STATES, Scope, Store
 from batchrun.errors import UsageError
 from batchrun.job import Context, Job, Skip
 from batchrun.mail.message import Message
@@ -51,6 +52,9 @@ async def status(rt: Runtime, which: Job, period: Period, *, problems: int) -> d
         dry_run=True,
         env=rt.settings.environ,
     )
+    own = await which.status(ctx)
+    if "pending" not in own:
+        own = {**own, "pending": await _pending(rt.store, which, ctx)}
     return {
         "succeeded": counts.succeeded,
         "skipped": counts.skipped,
@@ -60,9 +64,28 @@ async def status(rt: Runtime, which: Job, period: Period, *, problems: int) -> d
         "claimed_by_stopped_run": stale,
         "bounces": counts.bounces,
         "complaints": counts.complaints,
-        **await which.status(ctx),
+        **own,
         "problems": counts.problems,
     }
+
+
+async def _pending(store: Store, which: Job, ctx: Context, page_size: int = 500) -> int:
+    """Entities the job's page returns that are not finished for the once_per period
+    (never touched, claimed, or waiting for a retry): what a run would still do. A job
+    whose ``status`` counts them itself (birthday, in one query) is not paged."""
+    scope = Scope(which.name, str(ctx.once), str(ctx.period))
+    pending = 0
+    after = 0
+    while True:
+        rows = await which.page(ctx, after, page_size)
+        if not rows:
+            return pending
+        ids = [int(row["id"]) for row in rows]
+        claims = await store.claims_of(scope, ids)
+        pending += sum(1 for i in ids if i not in claims or claims[i].state not in FINAL_STATES)
+        if len(rows) < page_size:
+            return pending
+        after = ids[-1]
 
 
 async def preview(rt: Runtime, which: Job, period: Period, entity_id: int) -> Message:
@@ -89,7 +112,11 @@ async def preview(rt: Runtime, which: Job, period: Period, entity_id: int) -> Me
     ctx = Context(which, period, rt.store.jobdb, sender, dry_run=True, env=rt.settings.environ)
     row = await recheck(which, ctx, entity_id)
     if row is None:
-        raise UsageError(f"{which.name} {period}: entity {entity_id} is not in the job's page")
+        some = [str(r["id"]) for r in await which.page(ctx, 0, 3)]
+        hint = f"; ids it returns: {', '.join(some)}, ..." if some else "; its page is empty"
+        raise UsageError(
+            f"{which.name} {period}: entity {entity_id} is not in the job's page{hint}"
+        )
     try:
         await which.process(ctx.entity(entity_id), row)
     except Skip as exc:
@@ -97,3 +124,33 @@ async def preview(rt: Runtime, which: Job, period: Period, entity_id: int) -> Me
     if not captured:
         raise UsageError(f"{which.name} sends no email to entity {entity_id}")
     return captured[0]
+
+
+class _Explaining:
+    """``ctx.db`` for ``db explain``: each query the page runs is explained, not run."""
+
+    def __init__(self, db: Database, jobdb: Any) -> None:
+        self.dialect = db.dialect
+        self._prefix = db.queries.statements["explain_prefix"].text
+        self._jobdb = jobdb
+        self.plans: list[tuple[str, list[dict[str, Any]]]] = []
+
+    async def fetch(self, sql: str, /, **params: Any) -> list[dict[str, Any]]:
+        plan = await self._jobdb.fetch(f"{self._prefix}\n{sql}", **params)
+        self.plans.append((sql, plan))
+        return []  # an empty page: the job's page stops there
+
+    async def execute(self, sql: str, /, **params: Any) -> int:
+        raise UsageError("the job's page writes to the database: db explain explains reads")
+
+
+async def page_plans(
+    rt: Runtime, which: Job, period: Period, page_size: int
+) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The database's plan of each query ``which.page`` runs for its first page."""
+    explaining = _Explaining(rt.store.db, rt.store.jobdb)
+    ctx = Context(
+        which, period, explaining, NoEffects(rt.store), dry_run=True, env=rt.settings.environ
+    )
+    await which.page(ctx, 0, page_size)
+    return explaining.plans

@@ -188,9 +188,17 @@ class Pager:
             rows = await page(self.job, self.ctx, self.cursor, limit)
             if not rows:
                 break
-            self.cursor = rows[-1]["id"]
+            after, self.cursor = self.cursor, rows[-1]["id"]
             in_range = [r for r in rows if r["id"] <= self.until]
             await self._claim_and_prepare(in_range, fresh=fresh)
+            log.info(
+                "%s %s: page after id %d: %d rows, %d claimed",
+                self.scope.job,
+                self.scope.period,
+                after,
+                len(rows),
+                len(self.unyielded),
+            )
             while self.unyielded and not self.stop.stopping:
                 yield self.unyielded.popleft()
             if len(in_range) < len(rows):
@@ -203,6 +211,13 @@ class Pager:
 
     async def _foreign(self) -> AsyncIterator[Item]:
         """Entities other runs hold: wait until they finish them or their claims expire."""
+        if self.foreign:
+            log.info(
+                "%s %s: waiting for %d entities other runs hold",
+                self.scope.job,
+                self.scope.period,
+                len(self.foreign),
+            )
         while self.foreign and not self.stop.stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait_stopping(), timeout=self.poll_s)

@@ -83,11 +83,17 @@ class Summary(_Report):
 
 @dataclass
 class RetrySummary(_Report):
-    """The result of one drain of the queue (or a worker's life): counted in entities."""
+    """The result of one drain of the queue (or a worker's life): counted in entities.
+
+    ``processed == succeeded + skipped + failed + poison`` (poison: messages that named no
+    entity, dead-lettered unworked).
+    """
 
     processed: int = 0
     succeeded: int = 0
+    skipped: int = 0
     failed: int = 0
+    poison: int = 0
     dead_lettered: int = 0
     remaining: int = 0
     requeued: int = 0  # ledger failures whose retry message was re-sent
@@ -127,18 +133,24 @@ class RetrySummary(_Report):
 
     def add_run(self, summary: Summary) -> None:
         """Count what a continuation or shard run reached."""
-        self.processed += summary.eligible
+        # The entities it ended, not those it took on and left (stopped, claims lost).
+        self.processed += summary.succeeded + summary.skipped + summary.failed
         self.succeeded += summary.succeeded
+        self.skipped += summary.skipped
         self.failed += summary.failed
         self.dead_lettered += summary.dead_lettered
         self.lost_claims += summary.lost_claims
         self.unknown_outcome += summary.unknown_outcome
 
     def add_entity(self, state: State | None) -> None:
-        """Count one entity a retry or task message named, by how it ended."""
-        self.processed += 1
+        """Count one entity a retry or task message named, by how it ended (one that did
+        not end, e.g. left pending, is not processed)."""
+        if state in (State.SENT, State.SKIPPED, State.RETRYING, State.FAILED):
+            self.processed += 1
         if state is State.SENT:
             self.succeeded += 1
+        elif state is State.SKIPPED:
+            self.skipped += 1
         elif state is State.RETRYING:
             self.failed += 1
         elif state is State.FAILED:

@@ -98,6 +98,13 @@ async def run_period(
         summary.duration_s = time.monotonic() - started
         return summary
     stop = rt.stop.child()  # a breaker stops this run, not a worker serving many
+    log.info(
+        "%s %s: started (concurrency %d, pages of %d)",
+        job.name,
+        period,
+        options.concurrency,
+        options.page_size,
+    )
     try:
         async with Lease(
             rt.store, lease_s=rt.settings.lease_s, stop=stop, steering=rt.steering
@@ -109,6 +116,16 @@ async def run_period(
     finally:
         stop.detach()
         summary.duration_s = time.monotonic() - started
+    log.info(
+        "%s %s: %s: %d succeeded, %d skipped, %d failed in %.1f s",
+        job.name,
+        period,
+        f"stopped ({summary.stopped})" if summary.stopped else "finished",
+        summary.succeeded,
+        summary.skipped,
+        summary.failed,
+        summary.duration_s,
+    )
     return summary
 
 

@@ -129,8 +129,8 @@ class Runtime:
             limiter=limiter,
             templates=None if dry_run else self.templates(job),
             store=self.store,
-            breaker=breaker,
             sender=self.settings.sender_for(job),
+            breaker=breaker,
         )
         if not dry_run:
             self.warn_without_unsubscribe()
@@ -480,6 +480,7 @@ def _count(result: RetrySummary, verdict: Verdict) -> None:
         result.not_eligible += 1
     elif verdict.action == "poison":
         result.processed += 1  # a message that named no entity, dead-lettered unworked
+        result.poison += 1
         result.dead_lettered += 1
     elif verdict.counted and verdict.outcome is not None:
         result.add_entity(verdict.outcome)

@@ -112,8 +112,8 @@ class Sender:
         limiter: AdaptiveRate | None,
         templates: Templates | None,
         store: Store | None = None,
-        breaker: CircuitBreaker | None = None,
         sender: str | None = None,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         self.mailer = mailer
         self.settings = settings

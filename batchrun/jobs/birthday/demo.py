@@ -61,3 +61,14 @@ async def explain(db: Database, period: Period) -> list[dict[str, Any]]:
     return await db.fetch(
         sql.text(db.dialect, "explain_page"), month=period.month, after=0, limit=500
     )
+
+
+async def sample_ids(db: Database, per_month: int = 3) -> dict[int, list[int]]:
+    """The first ``per_month`` eligible user ids of each month (for ``preview --id``)."""
+    sql = Birthday.sql
+    assert sql is not None
+    found: dict[int, list[int]] = {}
+    for month in range(1, 13):
+        rows = await db.fetch(sql.text(db.dialect, "page"), month=month, after=0, limit=per_month)
+        found[month] = [int(row["id"]) for row in rows]
+    return found
