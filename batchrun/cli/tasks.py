@@ -64,7 +64,7 @@ async def task_status(context: Context, job: Task) -> dict[str, Any]:
     "submit",
     epilog=examples(
         "batchrun submit birthday --period 2025-06 --id 42",
-        "batchrun submit uploads --id 7 --data '{\"kind\": \"scan\", \"upload_id\": 9}'",
+        'batchrun submit uploads --id 7 --data \'{"kind": "scan", "upload_id": 9}\'',
         "batchrun submit uploads --id 7 --key upload-991 --json",
     ),
 )
