@@ -226,7 +226,10 @@ def _run_job(
             # --max-db-load asks about the pauses: their row shows even at 0.
             paced = {"db_paused_s"} if options.max_db_load is not None else set()
             table(title, data, always=ASKED | set(summary.counters) | paced)
-            cut_short = summary.stopped is not None or options.limit is not None
+            # A bug stopped it: "the same command goes on" would not be true; its line says.
+            cut_short = summary.error is None and (
+                summary.stopped is not None or options.limit is not None
+            )
             if month is not None and cut_short and not dry_run and month.left(bar.worked):
                 stderr.print(month.say(bar.worked), highlight=False, soft_wrap=True)
             if summary.exit_code == 3:

@@ -179,7 +179,7 @@ async def _run(
         breaker=breaker,
         stop=stop,
         limiter=limiter,
-        policy=rt.policy(job),
+        policy=rt.policy(job, run=True),
         at_once=True,  # a run's failures: available to `batchrun retry` at once
         on_outcome=counted,
         bugs=bugs,

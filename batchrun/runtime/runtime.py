@@ -8,6 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,10 +140,18 @@ class Runtime:
         )
         return ctx, sender
 
-    def policy(self, job: Job) -> RetryPolicy:
-        """``job``'s retry policy over the deployment's (settings, the queue's receives)."""
+    def policy(self, job: Job, *, run: bool = False) -> RetryPolicy:
+        """``job``'s retry policy over the deployment's (settings, the queue's receives).
+
+        For a period run (``run``) the deployment's attempts do not apply: they count the
+        queue's receives, and a rerun's attempt at an entity waiting for its retry is no
+        receive (the consumer gives up). A job's own ``RetryPolicy(attempts=…)`` applies.
+        """
         receives = self.queue.max_receives if self.queue is not None else None
-        return job.retry.over(RetryPolicy.defaults(self.settings, receives))
+        defaults = RetryPolicy.defaults(self.settings, receives)
+        if run:
+            defaults = replace(defaults, attempts=None)
+        return job.retry.over(defaults)
 
     def warn_without_unsubscribe(self) -> None:
         """Once per runtime: mail to real mailboxes (SMTP, SES) without one-click unsubscribe."""
