@@ -185,7 +185,10 @@ def test_each_broken_setup_is_one_line_exit_1_and_nothing_done(
         line = one_error_line(result)
         assert line.startswith(expected), f"{case}: {line}"
         assert PASSWORD not in result.output, case
-        assert result.stdout == "", f"{case}: no summary for a run that did not start"
+        # --json still prints one object for a run that did not start: its error, no counts
+        data = json.loads(result.stdout)
+        assert data["error"].startswith(expected), f"{case}: {data}"
+        assert "eligible" not in data and "emails_sent" not in data, f"{case}: {data}"
         assert effects(sqlite_url) == (0, 0, 0), f"{case}: something was claimed or queued"
 
 
