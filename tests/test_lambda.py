@@ -98,7 +98,7 @@ def drain_as_sqs_events(
 ) -> list[dict[str, Any]]:
     """Feed the queue to the handler as the event source mapping would, until it is empty."""
     results = []
-    for _ in range(40):
+    for _ in range(200):  # returns once the queue is empty; room for a slow, loaded machine
         got = sqs.receive_message(
             QueueUrl=queue_url,
             MaxNumberOfMessages=10,
