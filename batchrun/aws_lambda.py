@@ -8,7 +8,7 @@ Events:
 - SQS event: process the records (retries, submitted tasks, continuations, shards) and
   report the ones that failed in ``{"batchItemFailures": [{"itemIdentifier": id}, ...]}``.
   A record from ``BATCHRUN_EVENTS_QUEUE`` (the events queue's ARN; its URL works too) is a
-  bounce, complaint or other SES event (``batchrun.mail.events``), applied with the
+  bounce, complaint or other SES event (``batchrun.events.ses``), applied with the
   database alone, each record on its own; with ``BATCHRUN_EVENTS_TOPIC`` set, only SNS
   notifications from that topic. One that is no SES event, or is from another topic,
   fails alone, so the events queue's redrive policy moves it to its dead-letter queue.
@@ -45,18 +45,18 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from batchrun import unsubscribe
-from batchrun.backends import open_backends
-from batchrun.engine import Deadline, StopToken
+from batchrun.aws_secrets import database_url, forget
+from batchrun.control.history import CANCELLED
+from batchrun.control.runrecord import RunRecord
 from batchrun.errors import BatchrunError, UsageError
-from batchrun.mail import events as mail_events
+from batchrun.events import ses as mail_events
 from batchrun.period import Period, current
 from batchrun.period import parse as parse_period
+from batchrun.pipeline.engine import Deadline, StopToken
 from batchrun.queue.base import Received
 from batchrun.registry import Registry, builtin_modules, discover, parse_specs
 from batchrun.runtime import Options, Runtime, Summary, Verdict
-from batchrun.runtime.history import CANCELLED
-from batchrun.runtime.runrecord import RunRecord
-from batchrun.secrets import database_url, forget
+from batchrun.runtime.resources import open_backends
 from batchrun.settings import Settings
 from batchrun.urls import mask_text
 

@@ -95,7 +95,7 @@ class ThrottledError(TemporaryMailError):
     """The provider asked us to slow down; the message was not sent and may be resent at once.
 
     Never counts as the user failing, nor as the backend being down: the sender lowers its
-    rate (``batchrun.ratelimit.AdaptiveRate``) and resends.
+    rate (``batchrun.policy.rate.AdaptiveRate``) and resends.
     """
 
     def __init__(self, reason: str, *, retry_after_s: float | None = None) -> None:

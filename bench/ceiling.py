@@ -20,12 +20,12 @@ from typing import Any, cast
 import aiosmtplib
 
 from batchrun import codes
-from batchrun.engine import StopToken
+from batchrun.effects.sending import Sender
 from batchrun.job import Context
 from batchrun.jobs.birthday import Birthday
 from batchrun.mail.smtp_transaction import transaction
 from batchrun.period import parse
-from batchrun.runtime.sending import Sender
+from batchrun.pipeline.engine import StopToken
 from batchrun.settings import Settings
 from batchrun.templates import DEFAULTS, Templates, job_folder
 

@@ -165,7 +165,7 @@ async def measure(
 async def _local_queue(settings: Settings, store: Store, concurrency: int) -> Any:
     """The default retry queue (a table in the job's database), across batchrun versions."""
     try:
-        from batchrun.backends import open_queue
+        from batchrun.runtime.resources import open_queue
     except ImportError:
         from batchrun.queue.base import from_url
 

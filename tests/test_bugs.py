@@ -16,10 +16,10 @@ from batchrun.db import Store
 from batchrun.job import Context, Job
 from batchrun.jobs.birthday import Birthday
 from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.policy.bugs import BugStreak, signature
 from batchrun.queue.base import QueueMessage
 from batchrun.queue.local import LocalQueue
 from batchrun.runtime import Options, Runtime
-from batchrun.runtime.bugs import BugStreak, signature
 
 JOB = """
 import batchrun

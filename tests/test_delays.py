@@ -25,12 +25,12 @@ import batchrun
 from batchrun.db import Store, connect
 from batchrun.jobs.birthday import Birthday
 from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.pipeline.run import Options
 from batchrun.queue.base import RetryQueue
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.queue.sqs import MAX_DELAY_S, delay_seconds
 from batchrun.registry import discover
 from batchrun.runtime import Runtime
-from batchrun.runtime.run import Options
 from batchrun.settings import Settings
 
 N = 3

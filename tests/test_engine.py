@@ -14,7 +14,7 @@ from unittest import mock
 
 import pytest
 
-from batchrun.engine import (
+from batchrun.pipeline.engine import (
     Deadline,
     Progress,
     Runner,

@@ -19,9 +19,9 @@ from batchrun import aws_lambda
 from batchrun.db import Store, connect
 from batchrun.db.store import State, address_key
 from batchrun.errors import SendingStoppedError
+from batchrun.events import ses as events
 from batchrun.jobs.birthday import Birthday
 from batchrun.jobs.month import Month
-from batchrun.mail import events
 from batchrun.mail.base import valid_address
 from batchrun.mail.message import Message
 from batchrun.mail.ses import SesMailer

@@ -20,9 +20,9 @@ from batchrun import aws_lambda
 from batchrun.db import Store, connect
 from batchrun.db.store import State
 from batchrun.errors import DatabaseError
+from batchrun.events import ses as events
 from batchrun.jobs.birthday import Birthday
 from batchrun.jobs.month import Month
-from batchrun.mail import events
 from batchrun.queue.base import Received
 from batchrun.runtime import Options
 

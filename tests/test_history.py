@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from conftest import birthday_scope, query, seed
 
+from batchrun.control.history import History, iso, outcome_of
+from batchrun.control.runrecord import RunRecord
+from batchrun.control.steering import Controls, Steering
 from batchrun.db import Store
 from batchrun.period import parse
 from batchrun.runtime import Runtime
-from batchrun.runtime.control import Controls, Steering
-from batchrun.runtime.history import History, iso, outcome_of
-from batchrun.runtime.runrecord import RunRecord
 
 JUNE = parse("month", "2025-06")
 
@@ -93,7 +93,7 @@ async def test_control_rows_pause_resume_cancel(store: Store) -> None:
     await steering.refresh(store.db)
     assert steering.paused("birthday", "2025-07") is None
 
-    from batchrun.engine import StopToken
+    from batchrun.pipeline.engine import StopToken
 
     before, after = StopToken(), StopToken()
     done = steering.steer(before, job="birthday", period="2025-06")

@@ -22,7 +22,7 @@ from batchrun.mail.base import Message, from_url
 from batchrun.mail.file import FileMailer
 from batchrun.mail.ses import SesMailer
 from batchrun.mail.smtp import SmtpMailer
-from batchrun.runtime.outcomes import classify
+from batchrun.pipeline.outcomes import classify
 
 SENDER = "birthday@example.com"
 

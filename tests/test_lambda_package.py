@@ -343,7 +343,7 @@ def test_handler_imports_from_the_unpacked_zip_alone(lambda_root: Path) -> None:
     code = (
         "import importlib, json, sys, batchrun.aws_lambda\n"
         "for name in ('batchrun.mail.ses', 'batchrun.mail.smtp', 'batchrun.queue.sqs',\n"
-        "             'batchrun.db.mysql', 'batchrun.db.sqlite', 'batchrun.secrets'):\n"
+        "             'batchrun.db.mysql', 'batchrun.db.sqlite', 'batchrun.aws_secrets'):\n"
         "    importlib.import_module(name)\n"
         "print(json.dumps([getattr(m, '__file__', None) or '' for m in sys.modules.values()]))"
     )

@@ -13,11 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from smtp_server import SmtpTestServer, fail_recipients
 from typer.testing import CliRunner
 
-from batchrun import metrics
 from batchrun.cli import app
+from batchrun.control import metrics
+from batchrun.control.history import History
 from batchrun.db import Store
 from batchrun.period import parse
-from batchrun.runtime.history import History
 
 JUNE = parse("month", "2025-06")
 

@@ -13,8 +13,8 @@ from conftest import run_cli
 from http_server import GrantsTestServer
 from smtp_server import SmtpTestServer
 
+from batchrun.control.notify import Notifier
 from batchrun.errors import ConfigError
-from batchrun.notify import Notifier
 
 
 @pytest.fixture(scope="module")

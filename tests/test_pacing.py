@@ -17,9 +17,9 @@ from job_cases import CreditsCase
 from smtp_server import SmtpTestServer
 
 import batchrun
+from batchrun.pipeline.outcomes import EffectFail, EffectRetry, classify
 from batchrun.policy.pacing import BREAKER_REASON, CircuitBreaker, Pacer
-from batchrun.ratelimit import AdaptiveRate
-from batchrun.runtime.outcomes import EffectFail, EffectRetry, classify
+from batchrun.policy.rate import AdaptiveRate
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from batchrun.errors import PermanentMailError, ThrottledError
-from batchrun.ratelimit import AdaptiveRate
+from batchrun.policy.rate import AdaptiveRate
 
 T = TypeVar("T")
 

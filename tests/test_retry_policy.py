@@ -8,8 +8,8 @@ import pytest
 
 import batchrun
 from batchrun.db.store import State
+from batchrun.pipeline.outcomes import Outcome
 from batchrun.policy.retry import RetryPolicy
-from batchrun.runtime.outcomes import Outcome
 from batchrun.settings import Settings
 
 RETRYING = Outcome(State.RETRYING, "HTTP 503 from http://api/grants")

@@ -42,12 +42,12 @@ from smtp_server import SmtpTestServer
 from test_faults import cli_env, summary_of, user_of
 
 from batchrun import aws_lambda, codes
-from batchrun.backends import open_backends
 from batchrun.db.sql import load
 from batchrun.errors import BatchrunError
 from batchrun.jobs.birthday import Birthday
 from batchrun.jobs.month import Month
 from batchrun.runtime import Options, Runtime
+from batchrun.runtime.resources import open_backends
 from batchrun.settings import Settings
 
 PACKAGE = ROOT / "batchrun"
@@ -712,7 +712,13 @@ IAM_ACTIONS = {
 }
 # What the platform needs beyond the code's own calls: logs, the secret's KMS key, a VPC.
 PLATFORM = re.compile(r"^(logs:|kms:Decrypt$|ec2:)")
-AWS_MODULES = ["queue/sqs.py", "mail/ses.py", "secrets.py", "aws_lambda.py", "backends.py"]
+AWS_MODULES = [
+    "queue/sqs.py",
+    "mail/ses.py",
+    "aws_secrets.py",
+    "aws_lambda.py",
+    "runtime/resources.py",
+]
 CLIENTS = {"client", "_client", "ses", "sqs", "secretsmanager"}
 
 

@@ -15,13 +15,13 @@ from batchrun import codes
 from batchrun.db import Store, connect
 from batchrun.db.mysql import QuietCursor
 from batchrun.db.store import Scope, State, now_ms
+from batchrun.effects.sending import Sender
 from batchrun.job import Context
 from batchrun.jobs.birthday import Birthday
 from batchrun.jobs.month import Month
+from batchrun.pipeline.reports import Summary
 from batchrun.queue.local import LocalQueue
 from batchrun.runtime import Runtime
-from batchrun.runtime.reports import Summary
-from batchrun.runtime.sending import Sender
 from batchrun.settings import Settings
 
 S1 = Scope("birthday", "2025", "2025-01")

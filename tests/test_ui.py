@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from ui_helpers import client_of, csrf_of, make_app
 
 from batchrun.cli import app as cli_app
+from batchrun.control.history import History
 from batchrun.db import Store, connect
 from batchrun.errors import PermanentMailError
 from batchrun.jobs.birthday import Birthday, demo
@@ -24,7 +25,6 @@ from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.period import parse
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.runtime import Runtime
-from batchrun.runtime.history import History
 from batchrun.settings import Settings
 from batchrun.ui.security import bind_error, is_loopback
 

@@ -624,7 +624,7 @@ def test_settings_non_finite_number_is_config_error(key: str, value: str) -> Non
 
 
 def test_a_database_secret_may_be_a_url_or_json() -> None:
-    from batchrun.secrets import url_from_secret
+    from batchrun.aws_secrets import url_from_secret
 
     assert url_from_secret(" mysql://u:p@h:3306/d \n") == "mysql://u:p@h:3306/d"
     assert url_from_secret('{"url": "sqlite:///x.db"}') == "sqlite:///x.db"

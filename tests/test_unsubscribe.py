@@ -27,13 +27,13 @@ from batchrun import aws_lambda
 from batchrun.cli import app
 from batchrun.db import Store, connect
 from batchrun.db.store import State, address_key
+from batchrun.effects.sending import Sender
 from batchrun.errors import ConfigError, InvalidTokenError, UsageError
 from batchrun.job import Context, Skip
 from batchrun.jobs.birthday import Birthday
 from batchrun.jobs.month import Month
 from batchrun.mail.base import Message, valid_address
 from batchrun.runtime import Options, Runtime
-from batchrun.runtime.sending import Sender
 from batchrun.settings import Settings
 from batchrun.unsubscribe import Signer, apply, token_of
 

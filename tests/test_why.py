@@ -15,10 +15,10 @@ from smtp_server import SmtpTestServer, fail_recipients
 from typer.testing import CliRunner
 
 from batchrun.cli import app
+from batchrun.control import story
+from batchrun.control.history import History
 from batchrun.db import Store
 from batchrun.period import parse
-from batchrun.runtime import story
-from batchrun.runtime.history import History
 
 JUNE = parse("month", "2025-06")
 

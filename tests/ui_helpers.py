@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 from starlette.applications import Starlette
 
-from batchrun.backends import open_backends
 from batchrun.jobs.birthday import Birthday
 from batchrun.runtime import Runtime
+from batchrun.runtime.resources import open_backends
 from batchrun.settings import Settings
 from batchrun.ui.app import create_app
 

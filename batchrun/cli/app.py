@@ -26,13 +26,13 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from batchrun import __version__
-from batchrun.backends import Backends
 from batchrun.cli.conventions import stderr
-from batchrun.engine import StopToken
 from batchrun.errors import BatchrunError, ConfigError
 from batchrun.period import Period, Unit, current, parse
+from batchrun.pipeline.engine import StopToken
 from batchrun.registry import Registry, builtin_modules, discover, parse_specs
 from batchrun.runtime import Runtime
+from batchrun.runtime.resources import Backends
 from batchrun.settings import Settings, parse_rate
 from batchrun.urls import mask_text
 

@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from batchrun.backends import open_backends
 from batchrun.cli import explain
 from batchrun.cli.app import Context, db_app, period_option, run_command
 from batchrun.cli.conventions import examples, print_pairs, say, stderr, stdout
@@ -16,7 +15,8 @@ from batchrun.db import ddl
 from batchrun.db.sqlite import sqlite_path
 from batchrun.errors import ConfigError, DatabaseError
 from batchrun.jobs.birthday import demo
-from batchrun.runtime.inspect import page_plans
+from batchrun.runtime.inspection import page_plans
+from batchrun.runtime.resources import open_backends
 from batchrun.urls import scheme_of
 
 

@@ -10,11 +10,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, run_command
 from batchrun.cli.conventions import examples, stderr, stdout
 from batchrun.errors import UsageError
 from batchrun.queue import dead as dead_letters
+from batchrun.runtime.resources import open_backends
 
 dead_app = typer.Typer(
     no_args_is_help=True,

@@ -9,13 +9,13 @@ from typing import Annotated
 
 import typer
 
-from batchrun import engine
-from batchrun.backends import open_backends, open_queue
 from batchrun.cli.app import Context, app, error_line, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.output import table
-from batchrun.mail import events as mail_events
-from batchrun.runtime.runrecord import RunRecord
+from batchrun.control.runrecord import RunRecord
+from batchrun.events import ses as mail_events
+from batchrun.pipeline import engine
+from batchrun.runtime.resources import open_backends, open_queue
 
 
 @app.command(

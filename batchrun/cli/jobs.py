@@ -12,14 +12,14 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from batchrun import engine
-from batchrun.backends import open_backends, open_queue
 from batchrun.cli.app import Context, app, error_text, period_option, rate_option, run_command
 from batchrun.cli.conventions import examples, print_table, say, stderr
 from batchrun.cli.output import ASKED, Bar, Month, progress_bar, table
+from batchrun.control.runrecord import RunRecord
 from batchrun.period import Period
+from batchrun.pipeline import engine
 from batchrun.runtime import Options, Runtime, Summary
-from batchrun.runtime.runrecord import RunRecord
+from batchrun.runtime.resources import open_backends, open_queue
 
 Concurrency = Annotated[
     int, typer.Option("--concurrency", min=1, help="Entities worked on at once.")

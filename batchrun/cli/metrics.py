@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.errors import UsageError
+from batchrun.runtime.resources import open_backends
 
 
 @app.command(
@@ -44,7 +44,7 @@ def metrics_command(
     settings = context.settings
 
     async def go() -> int:
-        from batchrun import metrics  # prometheus-client: only for this command
+        from batchrun.control import metrics  # prometheus-client: only for this command
 
         if textfile is not None and not textfile.parent.is_dir():
             raise UsageError(f"--textfile {textfile}: no folder {textfile.parent}")

@@ -20,8 +20,8 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from batchrun import engine
 from batchrun.cli.conventions import print_pairs, stderr
+from batchrun.pipeline import engine
 
 STATE_NAMES = {0: "pending", 1: "sent", 2: "skipped", 3: "retrying", 4: "failed"}
 _HIDDEN = ("job", "month", "period", "dry_run")

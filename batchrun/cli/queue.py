@@ -9,13 +9,13 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from batchrun import engine
-from batchrun.backends import open_backends, open_queue
 from batchrun.cli.app import Context, app, error_text, rate_option, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.output import ASKED, table
+from batchrun.control.runrecord import RunRecord
+from batchrun.pipeline import engine
 from batchrun.runtime import Options, RetrySummary
-from batchrun.runtime.runrecord import RunRecord
+from batchrun.runtime.resources import open_backends, open_queue
 
 
 @app.command(

@@ -11,11 +11,11 @@ from typing import Annotated, Any
 
 import typer
 
-from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, run_command
 from batchrun.cli.conventions import examples, print_table, stdout
-from batchrun.runtime.control import Control, Controls
-from batchrun.runtime.history import History, iso
+from batchrun.control.history import History, iso
+from batchrun.control.steering import Control, Controls
+from batchrun.runtime.resources import open_backends
 
 _SPAN = re.compile(r"^(\d+)([dhm])$")
 _UNIT_S = {"d": 86400, "h": 3600, "m": 60}

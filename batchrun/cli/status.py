@@ -7,16 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, period_option, run_command
 from batchrun.cli.conventions import examples, print_table, stderr, stdout
 from batchrun.cli.output import STATE_NAMES, table
 from batchrun.cli.runs import overview, print_overview
 from batchrun.cli.tasks import task_status
+from batchrun.control.steering import Steering
 from batchrun.db.store import Store
 from batchrun.period import parse as parse_period
 from batchrun.registry import JobEntry
-from batchrun.runtime.control import Steering
+from batchrun.runtime.resources import open_backends
 from batchrun.tasks import Task
 
 SHOWN = 50

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import typer
 
-from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, run_command
 from batchrun.cli.conventions import examples, stderr
+from batchrun.control.steering import Controls
 from batchrun.period import parse as parse_period
-from batchrun.runtime.control import Controls
+from batchrun.runtime.resources import open_backends
 
 JobArgument = Annotated[str, typer.Argument(help="The job's name (see `batchrun jobs`).")]
 

@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 
 from batchrun import unsubscribe as unsubscribing
-from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, run_command
 from batchrun.cli.conventions import examples, print_table, stderr
 from batchrun.db.store import REASONS, Reason, Suppression, address_key
 from batchrun.errors import ConfigError
 from batchrun.mail.base import valid_address
+from batchrun.runtime.resources import open_backends
 
 suppress_app = typer.Typer(
     no_args_is_help=True,

@@ -8,14 +8,14 @@ from typing import Annotated, Any
 
 import typer
 
-from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.errors import UsageError
 from batchrun.period import parse as parse_period
+from batchrun.runtime.resources import open_backends
+from batchrun.task import BadTask, Task, checked
 from batchrun.tasks.store import TaskStore
 from batchrun.tasks.submit import submit as submit_one
-from batchrun.tasks.task import BadTask, Task, checked
 
 Json = Annotated[bool, typer.Option("--json", metavar="", help="Print one JSON summary on stdout.")]
 STATUS_KEYS = ("pending", "running", "succeeded", "failed", "dead", "oldest_pending_s")

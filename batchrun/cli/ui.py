@@ -10,10 +10,10 @@ from typing import Annotated
 
 import typer
 
-from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app
 from batchrun.cli.conventions import examples, stderr
 from batchrun.errors import BatchrunError
+from batchrun.runtime.resources import open_backends
 from batchrun.runtime.runtime import Runtime
 from batchrun.urls import mask_text
 

@@ -1,4 +1,4 @@
-"""``batchrun why``: one entity's story, in time order (runtime/story.py tells it)."""
+"""``batchrun why``: one entity's story, in time order (control/story.py tells it)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from batchrun.backends import open_backends
 from batchrun.cli.app import Context, app, period_option, run_command
 from batchrun.cli.conventions import examples, print_table, stdout
-from batchrun.runtime import story
+from batchrun.control import story
+from batchrun.runtime.resources import open_backends
 
 
 @app.command(

@@ -39,7 +39,7 @@ _CONFLICT = {1213, _LOCK_WAIT_TIMEOUT}
 _CONFLICT_TRIES = 3
 # A batchrun statement waits at most this long for a row lock, then goes again (three tries
 # in all): well under the 15 s lease, so a heartbeat or outcome write held up by another
-# session's lock fails in time for the run to notice (the fence in runtime/lease.py),
+# session's lock fails in time for the run to notice (the fence in pipeline/lease.py),
 # instead of waiting 50 s while its claims expire.
 LOCK_WAIT_S = 2
 _UNKNOWN_VARIABLE = 1193

@@ -43,7 +43,7 @@ _CONFLICT_TRIES = 3
 _LOST_TRIES = 3
 # As on MariaDB (see batchrun/db/mysql.py): a batchrun statement waits at most this long for
 # a row lock, then goes again (three tries in all), well under the 15 s lease, so a blocked
-# heartbeat or outcome write fails in time for the fence in runtime/lease.py to notice.
+# heartbeat or outcome write fails in time for the fence in pipeline/lease.py to notice.
 LOCK_WAIT_S = 2
 # One statement of a migration step per line ending in ';' (a step may drop an INVALID index
 # left by an interrupted CREATE INDEX CONCURRENTLY before building it again).

@@ -120,7 +120,7 @@ class Store(Schema):
     def __init__(self, db: Database) -> None:
         super().__init__(db)
         self.jobdb = JobDatabase(db)
-        # The batchrun_run row this process's claims belong to (runtime/runrecord.py sets
+        # The batchrun_run row this process's claims belong to (control/runrecord.py sets
         # it); None: claims are recorded without one.
         self.run_id: int | None = None
 

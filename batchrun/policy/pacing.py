@@ -24,8 +24,8 @@ from contextlib import asynccontextmanager
 
 from batchrun.db.store import State
 from batchrun.job import Verdict
-from batchrun.ratelimit import AdaptiveRate
-from batchrun.runtime.outcomes import EffectRetry, Outcome, as_verdict, effect_outcome
+from batchrun.pipeline.outcomes import EffectRetry, Outcome, as_verdict, effect_outcome
+from batchrun.policy.rate import AdaptiveRate
 
 BREAKER_REASON = "mail backend unreachable (circuit breaker open)"
 

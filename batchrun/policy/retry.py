@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from batchrun.runtime.outcomes import Outcome
+    from batchrun.pipeline.outcomes import Outcome
     from batchrun.settings import Settings
 
 
@@ -76,7 +76,7 @@ class RetryPolicy:
 
     def classify(self, exc: BaseException, attempts: int, *, at_once: bool) -> Outcome:
         """The settled outcome of ``exc`` escaping ``process`` (see ``settle``)."""
-        from batchrun.runtime.outcomes import classify
+        from batchrun.pipeline.outcomes import classify
 
         return self.settle(classify(exc), attempts, at_once=at_once)
 

@@ -1,23 +1,17 @@
-"""The runtime: everything a job does not say. It knows no job.
+"""The runtime: the wiring. It knows no job.
 
-runtime.py   Runtime: runs jobs and consumes the queue over one set of backends
-run.py       one run: pages -> claims -> prepare -> process, dry run, hand-off
-pager.py     the job's keyset pages, claimed; then what other runs held
-work.py      one entity: fence, process, classify, record
-lease.py     claims, their heartbeat and the fence (claims that are lost stop the work)
-recorder.py  group commit of outcomes; one retry message per entity
-outcomes.py  what an exception from process means (retry, fail, skip)
-sending.py   ctx.send_email: templates, pacing, throttling; ctx.paced() (policy/pacing.py)
-consume.py   retry, task, continuation and shard messages, and their verdicts
-fanout.py    a period's entities as shards on a queue
-reports.py   the JSON summaries
+runtime.py     Runtime: one set of connections, the jobs, and the roads they travel
+               (batchrun/pipeline/) for a run, a drain, a worker and the Lambda
+resources.py   open the database, mailer and queue a command needs, from settings
+preflight.py   the checks before any effect (tables, queue, mailer, templates)
+inspection.py  looking without touching: status, preview, db explain's page plans
 """
 
 from __future__ import annotations
 
-from batchrun.runtime.consume import Verdict
-from batchrun.runtime.reports import FanOut, RetrySummary, Summary
-from batchrun.runtime.run import Options
+from batchrun.pipeline.consume import Verdict
+from batchrun.pipeline.reports import FanOut, RetrySummary, Summary
+from batchrun.pipeline.run import Options
 from batchrun.runtime.runtime import Runtime
 
 __all__ = ["FanOut", "Options", "RetrySummary", "Runtime", "Summary", "Verdict"]

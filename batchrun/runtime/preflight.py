@@ -38,7 +38,7 @@ from batchrun.queue.base import RetryQueue
 from batchrun.urls import mask_text
 
 if TYPE_CHECKING:
-    from batchrun.engine import StopToken
+    from batchrun.pipeline.engine import StopToken
     from batchrun.templates import Templates
 
 log = logging.getLogger(__name__)

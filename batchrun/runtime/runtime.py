@@ -12,25 +12,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from batchrun.control.steering import Steering
 from batchrun.db.store import MAX_ID, Scope, Store
-from batchrun.engine import StopToken
+from batchrun.effects.sending import Sender, make_limiter
 from batchrun.errors import NotMigratedError, UsageError
 from batchrun.job import Context, Job
 from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
+from batchrun.pipeline import consume
+from batchrun.pipeline.consume import Verdict
+from batchrun.pipeline.engine import StopToken
+from batchrun.pipeline.lease import Lease
+from batchrun.pipeline.pager import recheck
+from batchrun.pipeline.reports import FanOut, RetrySummary, Summary
+from batchrun.pipeline.run import Options, new_summary, run_period
+from batchrun.policy.bugs import BugStreak
 from batchrun.policy.pacing import CircuitBreaker
+from batchrun.policy.rate import AdaptiveRate
 from batchrun.policy.retry import RetryPolicy
 from batchrun.queue.base import QueueMessage, Received, RetryQueue
-from batchrun.ratelimit import AdaptiveRate
-from batchrun.runtime import consume, inspect, preflight
-from batchrun.runtime.bugs import BugStreak
-from batchrun.runtime.consume import Verdict
-from batchrun.runtime.control import Steering
-from batchrun.runtime.lease import Lease
-from batchrun.runtime.pager import recheck
-from batchrun.runtime.reports import FanOut, RetrySummary, Summary
-from batchrun.runtime.run import Options, new_summary, run_period
-from batchrun.runtime.sending import Sender, make_limiter
+from batchrun.runtime import inspection as inspect
+from batchrun.runtime import preflight
 from batchrun.settings import Settings
 from batchrun.urls import scheme_of
 
@@ -230,7 +232,7 @@ class Runtime:
         self, period: Period, queue: RetryQueue, *, shard_size: int, job: Job | str | None = None
     ) -> FanOut:
         """Queue the period's unfinished entities as id ranges (shards) for many consumers."""
-        from batchrun.runtime.fanout import fan_out
+        from batchrun.pipeline.fanout import fan_out
 
         return await fan_out(self, self._job(job), period, queue, shard_size=shard_size)
 

@@ -1,6 +1,6 @@
 """Tasks an application submits: ``Task`` (task.py), their tables (store.py), how a
 consumer runs them (serve.py) and how they are queued (submit.py)."""
 
-from batchrun.tasks.task import BadTask, Task, TaskItem
+from batchrun.task import BadTask, Task, TaskItem
 
 __all__ = ["BadTask", "Task", "TaskItem"]

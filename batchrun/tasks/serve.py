@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 
 from batchrun.db.store import State
 from batchrun.period import current
+from batchrun.pipeline.consume import Verdict
+from batchrun.pipeline.outcomes import SUCCEEDED, Outcome, classify
+from batchrun.pipeline.run import Options
 from batchrun.queue.base import QueueMessage, Received
-from batchrun.runtime.consume import Verdict
-from batchrun.runtime.outcomes import SUCCEEDED, Outcome, classify
-from batchrun.runtime.run import Options
+from batchrun.task import Task, TaskItem
 from batchrun.tasks.store import TaskState, TaskStore
-from batchrun.tasks.task import Task, TaskItem
 
 if TYPE_CHECKING:
     from batchrun.runtime.runtime import Runtime

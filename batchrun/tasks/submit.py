@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from batchrun.db.base import Database
 from batchrun.job import Job
 from batchrun.queue.base import QueueMessage, RetryQueue
+from batchrun.task import BadTask, Task, checked
 from batchrun.tasks.store import TaskStore
-from batchrun.tasks.task import BadTask, Task, checked
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ What is here:
 
 from __future__ import annotations
 
-from batchrun.runtime.reports import RetrySummary, Summary
+from batchrun.pipeline.reports import RetrySummary, Summary
 from batchrun.testing.harness import AsyncHarness, PeriodLike
 from batchrun.testing.http import HttpDouble, Request
 from batchrun.testing.ledger import LedgerEntry

@@ -20,10 +20,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
-from batchrun import metrics
+from batchrun.control import metrics, story
 from batchrun.errors import BatchrunError
 from batchrun.job import Job
-from batchrun.runtime import story
 from batchrun.runtime.runtime import Runtime
 from batchrun.ui import control, data
 from batchrun.ui.security import COOKIE, Guard

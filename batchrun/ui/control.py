@@ -1,18 +1,18 @@
 """The dashboard's view of the run history and its steering: the one place it reads
-``batchrun_run`` (runtime/history.py) and pauses, resumes or cancels
-(runtime/control.py)."""
+``batchrun_run`` (control/history.py) and pauses, resumes or cancels
+(control/steering.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from batchrun.control.history import History, RunRow, iso
+from batchrun.control.steering import EVERY_PERIOD, Controls
+from batchrun.control.story import STATE_NAMES
 from batchrun.errors import UsageError
 from batchrun.job import Job
 from batchrun.period import Period
-from batchrun.runtime.control import EVERY_PERIOD, Controls
-from batchrun.runtime.history import History, RunRow, iso
 from batchrun.runtime.runtime import Runtime
-from batchrun.runtime.story import STATE_NAMES
 from batchrun.urls import mask_text
 
 ACTIONS = ("pause", "resume", "cancel")

@@ -6,15 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchrun.control.story import STATE_NAMES, iso
 from batchrun.errors import QueueError
 from batchrun.job import Context, Job
 from batchrun.period import Period, current, parse
 from batchrun.queue import dead
 from batchrun.queue.dead import DeadLetter
 from batchrun.queue.local import LocalQueue
-from batchrun.runtime.inspect import NoEffects
+from batchrun.runtime.inspection import NoEffects
 from batchrun.runtime.runtime import Runtime
-from batchrun.runtime.story import STATE_NAMES, iso
 
 DONE = ("sent", "skipped", "failed")
 SHOWN_MESSAGES = 200

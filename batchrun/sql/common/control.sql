@@ -1,4 +1,4 @@
--- Pause, resume and cancel (batchrun.runtime.control): one batchrun_control row per job
+-- Pause, resume and cancel (batchrun.control.steering): one batchrun_control row per job
 -- and period ('' = every period of the job). Every running process reads them at its
 -- heartbeat. cancelled_at (epoch ms) ends the runs going on at that time, not later ones.
 

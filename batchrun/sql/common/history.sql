@@ -1,4 +1,4 @@
--- Run history (batchrun.runtime.history): one batchrun_run row per run, retry drain,
+-- Run history (batchrun.control.history): one batchrun_run row per run, retry drain,
 -- worker process, Lambda invocation and events drain. Times are epoch ms. A row still
 -- 'running' whose heartbeat is older than :stale (now less the lease) reads 'crashed':
 -- its process died without ending it (kill -9, a lost host, a Lambda timeout).

@@ -1,4 +1,4 @@
--- Bounces and complaints (batchrun.mail.events): a permanent bounce or a complaint SES
+-- Bounces and complaints (batchrun.events.ses): a permanent bounce or a complaint SES
 -- reports for a message batchrun sent is noted on the entity's ledger row (mail_event:
 -- 'bounce' or 'complaint'; a complaint wins over a bounce), beside its state, which stays
 -- as it was (the email was accepted; it is the address that is bad).

@@ -16,23 +16,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from batchrun.control.history import CANCELLED
 from batchrun.db.store import MAX_ID, Scope, State
-from batchrun.engine import Progress, Runner, StopToken
+from batchrun.effects.sending import make_limiter
 from batchrun.errors import NotMigratedError, QueueError
 from batchrun.job import Context, Job
 from batchrun.mail.base import valid_address
 from batchrun.period import Period
+from batchrun.pipeline.engine import Progress, Runner, StopToken
+from batchrun.pipeline.lease import Lease
+from batchrun.pipeline.outcomes import Outcome
+from batchrun.pipeline.pager import LoadGate, Pager, page, unfinished
+from batchrun.pipeline.recorder import Item, Recorder
+from batchrun.pipeline.reports import Summary
+from batchrun.pipeline.work import Worker
+from batchrun.policy.bugs import BugStreak
 from batchrun.policy.pacing import BREAKER_REASON, CircuitBreaker
 from batchrun.queue.base import QueueMessage
-from batchrun.runtime.bugs import BugStreak
-from batchrun.runtime.history import CANCELLED
-from batchrun.runtime.lease import Lease
-from batchrun.runtime.outcomes import Outcome
-from batchrun.runtime.pager import LoadGate, Pager, page, unfinished
-from batchrun.runtime.recorder import Item, Recorder
-from batchrun.runtime.reports import Summary
-from batchrun.runtime.sending import make_limiter
-from batchrun.runtime.work import Worker
 
 if TYPE_CHECKING:
     from batchrun.runtime.runtime import Runtime

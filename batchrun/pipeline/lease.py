@@ -26,9 +26,9 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 
+from batchrun.control.steering import Steering
 from batchrun.db.store import FINAL_STATES, Claim, Scope, Store
-from batchrun.engine import StopToken
-from batchrun.runtime.control import Steering
+from batchrun.pipeline.engine import StopToken
 
 log = logging.getLogger(__name__)
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from batchrun.control.history import History
 from batchrun.db.base import Database
 from batchrun.db.store import FINAL_STATES, Scope, Store
+from batchrun.effects.sending import Sender
 from batchrun.errors import UsageError
 from batchrun.job import Context, Job, Skip
 from batchrun.mail.message import Message
 from batchrun.period import Period
-from batchrun.runtime.history import History
-from batchrun.runtime.pager import recheck
-from batchrun.runtime.sending import Sender
+from batchrun.pipeline.pager import recheck
 
 if TYPE_CHECKING:
     from batchrun.runtime.runtime import Runtime

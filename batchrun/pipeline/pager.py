@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 
 from batchrun.db.base import Database
 from batchrun.db.store import FINAL_STATES, MAX_ID, Claim, Scope, Store
-from batchrun.engine import StopToken
 from batchrun.errors import JobError, LockTimeoutError, OutcomeUnknownError
 from batchrun.job import Context, Job
-from batchrun.runtime.lease import Lease
-from batchrun.runtime.recorder import Item
+from batchrun.pipeline.engine import StopToken
+from batchrun.pipeline.lease import Lease
+from batchrun.pipeline.recorder import Item
 
 log = logging.getLogger(__name__)
 _R = TypeVar("_R")

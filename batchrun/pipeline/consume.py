@@ -20,21 +20,21 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from batchrun.db.store import FINAL_STATES, Claim, Scope, State
-from batchrun.engine import Runner
+from batchrun.effects.sending import BREAKER_REASON
 from batchrun.errors import LockTimeoutError
 from batchrun.job import Context, Job
 from batchrun.period import Period
 from batchrun.period import parse as parse_period
+from batchrun.pipeline.engine import Runner
+from batchrun.pipeline.lease import Lease
+from batchrun.pipeline.outcomes import Outcome
+from batchrun.pipeline.pager import prepare, recheck
+from batchrun.pipeline.recorder import Item, Recorder
+from batchrun.pipeline.reports import Summary
+from batchrun.pipeline.run import Options, run_period
+from batchrun.pipeline.work import Worker
+from batchrun.policy.rate import AdaptiveRate
 from batchrun.queue.base import PoisonMessage, QueueMessage, Received, UnknownJob, backoff_s
-from batchrun.ratelimit import AdaptiveRate
-from batchrun.runtime.lease import Lease
-from batchrun.runtime.outcomes import Outcome
-from batchrun.runtime.pager import prepare, recheck
-from batchrun.runtime.recorder import Item, Recorder
-from batchrun.runtime.reports import Summary
-from batchrun.runtime.run import Options, run_period
-from batchrun.runtime.sending import BREAKER_REASON
-from batchrun.runtime.work import Worker
 
 if TYPE_CHECKING:
     from batchrun.runtime.runtime import Runtime

@@ -6,16 +6,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from batchrun.engine import StopToken
 from batchrun.errors import ThrottledError
 from batchrun.job import Context, Job
+from batchrun.pipeline.engine import StopToken
+from batchrun.pipeline.lease import Lease
+from batchrun.pipeline.outcomes import SUCCEEDED, Classified, Outcome, classify
+from batchrun.pipeline.recorder import Item, Recorder
+from batchrun.policy.bugs import BugStreak
 from batchrun.policy.pacing import CircuitBreaker
+from batchrun.policy.rate import AdaptiveRate
 from batchrun.policy.retry import RetryPolicy
-from batchrun.ratelimit import AdaptiveRate
-from batchrun.runtime.bugs import BugStreak
-from batchrun.runtime.lease import Lease
-from batchrun.runtime.outcomes import SUCCEEDED, Classified, Outcome, classify
-from batchrun.runtime.recorder import Item, Recorder
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from batchrun.control.history import CANCELLED
 from batchrun.db.base import Database, now_ms
-from batchrun.engine import StopToken
-from batchrun.runtime.history import CANCELLED
+from batchrun.pipeline.engine import StopToken
 
 if TYPE_CHECKING:
     from batchrun.db.store import Scope

@@ -24,15 +24,15 @@ from datetime import UTC, datetime
 from email.utils import parseaddr
 from typing import TYPE_CHECKING, Any
 
+from batchrun.control.history import History
 from batchrun.db.base import now_ms
 from batchrun.db.store import FINAL_STATES, State
 from batchrun.job import Context, Job
 from batchrun.mail.base import valid_address
 from batchrun.period import Period
+from batchrun.pipeline.pager import recheck
 from batchrun.queue.local import LocalQueue
-from batchrun.runtime.history import History
-from batchrun.runtime.inspect import NoEffects
-from batchrun.runtime.pager import recheck
+from batchrun.runtime.inspection import NoEffects
 
 if TYPE_CHECKING:
     from batchrun.runtime.runtime import Runtime
@@ -91,7 +91,7 @@ def iso(ms: int) -> str:
 
 
 def message_id(job: Job, key: str, sender: str) -> str:
-    """The Message-ID batchrun gives the entity's email (runtime/sending.py's formula);
+    """The Message-ID batchrun gives the entity's email (effects/sending.py's formula);
     ``sender`` is the job's From (``Settings.sender_for``)."""
     domain = parseaddr(sender)[1].rpartition("@")[2]
     return f"<{key.replace(':', '.')}@{domain or 'localhost'}>"

@@ -19,10 +19,10 @@ from typing import Any
 
 from batchrun.db.store import Scope, State, Store
 from batchrun.errors import QueueError
+from batchrun.pipeline.lease import Lease
+from batchrun.pipeline.outcomes import Outcome
+from batchrun.pipeline.reports import Summary
 from batchrun.queue.base import QueueMessage, RetryQueue
-from batchrun.runtime.lease import Lease
-from batchrun.runtime.outcomes import Outcome
-from batchrun.runtime.reports import Summary
 
 log = logging.getLogger(__name__)
 FLUSH_ROWS = 1000

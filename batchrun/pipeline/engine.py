@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final, Generic, Literal, TypeVar
 
-from batchrun.stop import Deadline, StopToken, install_signal_handlers
+from batchrun.pipeline.stop import Deadline, StopToken, install_signal_handlers
 
 __all__ = [
     "Deadline",

@@ -18,7 +18,7 @@ from typing import Any
 
 __all__ = ["Deadline", "StopToken", "install_signal_handlers"]
 
-logger = logging.getLogger("batchrun.engine")
+logger = logging.getLogger("batchrun.pipeline.engine")
 
 
 @dataclass(eq=False)

@@ -24,14 +24,14 @@ from batchrun.mail.base import Mailer, Message, valid_address
 from batchrun.policy.pacing import BREAKER_REASON as BREAKER_REASON  # re-exported
 from batchrun.policy.pacing import CircuitBreaker as CircuitBreaker  # re-exported
 from batchrun.policy.pacing import Pacer
-from batchrun.ratelimit import AdaptiveRate
+from batchrun.policy.rate import AdaptiveRate
 from batchrun.settings import Settings
 
 if TYPE_CHECKING:
     from batchrun.db.store import Store
-    from batchrun.engine import StopToken
-    from batchrun.runtime.lease import Lease
-    from batchrun.runtime.reports import Summary
+    from batchrun.pipeline.engine import StopToken
+    from batchrun.pipeline.lease import Lease
+    from batchrun.pipeline.reports import Summary
     from batchrun.templates import Templates
 
 log = logging.getLogger(__name__)

@@ -24,10 +24,10 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from batchrun import engine
+from batchrun.control.history import History, Kind, outcome_of
+from batchrun.control.notify import Notifier, payload
 from batchrun.errors import BatchrunError
-from batchrun.notify import Notifier, payload
-from batchrun.runtime.history import History, Kind, outcome_of
+from batchrun.pipeline import engine
 from batchrun.urls import mask_text
 
 if TYPE_CHECKING:

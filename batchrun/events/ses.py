@@ -37,9 +37,9 @@ from email.utils import parseaddr
 from typing import Any, Literal
 
 from batchrun.db.store import MAX_ID, MAX_SOURCE_CHARS, Store, address_key, storable_key
-from batchrun.engine import StopToken
 from batchrun.errors import DatabaseError
 from batchrun.mail.message import clean_text, valid_address
+from batchrun.pipeline.engine import StopToken
 from batchrun.queue.base import MAX_BODY, Received, RetryQueue
 
 log = logging.getLogger(__name__)

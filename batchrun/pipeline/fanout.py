@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 from batchrun.job import Job
 from batchrun.period import Period
+from batchrun.pipeline.pager import page, unfinished
+from batchrun.pipeline.reports import FanOut
+from batchrun.pipeline.run import scope_of
 from batchrun.queue.base import QueueMessage, RetryQueue
-from batchrun.runtime.pager import page, unfinished
-from batchrun.runtime.reports import FanOut
-from batchrun.runtime.run import scope_of
 
 if TYPE_CHECKING:
     from batchrun.runtime.runtime import Runtime
