@@ -52,10 +52,11 @@ from batchrun.errors import BatchrunError, UsageError
 from batchrun.events import ses as mail_events
 from batchrun.period import Period, current
 from batchrun.period import parse as parse_period
+from batchrun.pipeline.apply import Disposition, settle_messages
 from batchrun.pipeline.engine import Deadline, StopToken
 from batchrun.queue.base import Received
 from batchrun.registry import Registry, builtin_modules, discover, parse_specs
-from batchrun.runtime import Options, Runtime, Summary, Verdict
+from batchrun.runtime import Options, Runtime, Summary
 from batchrun.runtime.resources import open_backends
 from batchrun.settings import Settings
 from batchrun.urls import mask_text
@@ -337,29 +338,19 @@ async def _sqs(
         runtime = _runtime(registry, backends, settings, stop)
         async with RunRecord(runtime, kind="lambda") as record:
             await runtime.requeue_unqueued()
-            verdicts = await runtime.process(items, options)
-            failed = sum(1 for v in verdicts.values() if v.action != "delete")
+            dispositions = await runtime.process(items, options)
+            failed = sum(1 for v in dispositions.values() if v.action != "delete")
             await record.end(3 if failed else 0, {"messages": len(items), "failed": failed})
         for item in items:
-            verdict = verdicts.get(item.message_id, Verdict("later"))
-            _add(metrics, verdict)
-            if verdict.action == "delete":
-                continue
-            if verdict.action == "dead":
-                # A permanent failure: straight to the dead-letter queue, and this record
-                # succeeds so SQS does not deliver it again.
-                await backends.queue.send_dead([(item.body, verdict.reason)])
-                continue
-            if verdict.unknown_job is not None:
+            disposition = dispositions.get(item.message_id, Disposition("later"))
+            _add(metrics, disposition)
+            if disposition.unknown_job is not None:
                 # Not this function's job (BATCHRUN_JOBS): left for one that knows it.
                 metrics["UnknownJob"] = metrics.get("UnknownJob", 0) + 1
-                await _hide(backends.queue, item, verdict.delay_s, keep=True)
-            elif verdict.keep:  # a task waiting for its entity's turn: no receive counted
-                await _hide(backends.queue, item, verdict.delay_s, keep=True)
-            elif verdict.action == "later" and verdict.delay_s > 0:
-                await _hide(backends.queue, item, verdict.delay_s)
-            # Poison records fail too: the queue's redrive policy dead-letters them.
-            failures.append({"itemIdentifier": item.message_id})
+        # The one applier the CLI uses too; a dead record goes straight to the DLQ and
+        # succeeds, poison fails (the queue's redrive policy dead-letters it).
+        unsettled = await settle_messages(backends.queue, items, dispositions, event_source=True)
+        failures += [{"itemIdentifier": item.message_id} for item in unsettled]
     metrics["Failures"] = len(failures)
     return {"batchItemFailures": failures}, metrics
 
@@ -408,16 +399,7 @@ async def _mail_events(
     return [{"itemIdentifier": item.message_id} for item in failed], float(len(items))
 
 
-async def _hide(queue: Any, item: Received, delay_s: float, *, keep: bool = False) -> None:
-    """Back a failed record off; if that fails, SQS's own visibility timeout applies.
-    ``keep``: a record this function cannot work, kept out of the dead-letter queue."""
-    try:
-        await (queue.keep if keep else queue.retry_later)(item, delay_s)
-    except BatchrunError as exc:
-        log.warning("could not back off message %s: %s", item.message_id, exc)
-
-
-def _add(metrics: dict[str, float], verdict: Verdict) -> None:
+def _add(metrics: dict[str, float], verdict: Disposition) -> None:
     if verdict.summary is not None:
         for key, value in _summary_metrics(verdict.summary).items():
             metrics[key] = metrics.get(key, 0) + value

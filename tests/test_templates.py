@@ -327,7 +327,7 @@ def templates_of(job: Job, override: Path | None = None) -> Templates:
     from batchrun.settings import Settings
 
     settings = Settings(templates_dir=str(override) if override else None)
-    return Runtime(job, cast(Any, None), None, None, settings).templates(job)
+    return Runtime(job, cast(Any, None), None, None, settings).effects.templates(job)
 
 
 def test_missing_template_names_the_folders_searched(tmp_path: Path) -> None:

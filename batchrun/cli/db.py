@@ -212,7 +212,7 @@ def db_explain(
                 line = explain.verdict(db.dialect, rows)
             else:
                 runtime = context.runtime(backends)
-                plans = await page_plans(runtime, entry.job, which, explain.PAGE_SIZE)
+                plans = await page_plans(runtime.wiring, entry.job, which, explain.PAGE_SIZE)
                 line = explain.page_verdict(job, db.dialect, plans, explain.PAGE_SIZE)
         if as_json:
             queries = [

@@ -22,7 +22,7 @@ import logging
 import socket
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from batchrun.control.history import History, Kind, outcome_of
 from batchrun.control.notify import Notifier, payload
@@ -31,9 +31,23 @@ from batchrun.pipeline import engine
 from batchrun.urls import mask_text
 
 if TYPE_CHECKING:
-    from batchrun.runtime.runtime import Runtime
+    from batchrun.control.steering import Steering
+    from batchrun.db.store import Store
+    from batchrun.pipeline.stop import StopToken
+    from batchrun.queue.base import RetryQueue
+    from batchrun.settings import Settings
 
 log = logging.getLogger(__name__)
+
+
+class Recorded(Protocol):
+    """What a record needs of the process it records (the runtime has each)."""
+
+    store: Store
+    queue: RetryQueue | None
+    settings: Settings
+    steering: Steering
+    stop: StopToken
 
 
 class RunRecord:
@@ -41,7 +55,7 @@ class RunRecord:
 
     def __init__(
         self,
-        rt: Runtime,
+        rt: Recorded,
         *,
         kind: Kind,
         job: str | None = None,

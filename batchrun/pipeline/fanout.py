@@ -3,29 +3,27 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from batchrun.job import Job
 from batchrun.period import Period
+from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.pager import page, unfinished
 from batchrun.pipeline.reports import FanOut
 from batchrun.pipeline.run import scope_of
+from batchrun.pipeline.wiring import Wiring
 from batchrun.queue.base import QueueMessage, RetryQueue
-
-if TYPE_CHECKING:
-    from batchrun.runtime.runtime import Runtime
 
 SEND_BATCH = 10  # SQS's SendMessageBatch limit
 
 
 async def fan_out(
-    rt: Runtime, job: Job, period: Period, queue: RetryQueue, *, shard_size: int
+    w: Wiring, stop: StopToken, job: Job, period: Period, queue: RetryQueue, *, shard_size: int
 ) -> FanOut:
     """Walk the job's pages (reads only) and queue ranges of ``shard_size`` unfinished
     entities; consumers work each range like a run."""
     started = time.monotonic()
     result = FanOut(job.name, str(period), month=str(period) if period.unit == "month" else None)
-    ctx, _ = rt.context(job, period, dry_run=True)
+    ctx, _ = w.effects.context(job, period, stop=stop, dry_run=True)
     scope = scope_of(ctx)
     after = cursor = 0
     batch: list[str] = []
@@ -34,7 +32,7 @@ async def fan_out(
         rows = await page(job, ctx, cursor, min(shard_size - count, 1000) or shard_size)
         if rows:
             cursor = rows[-1]["id"]
-            count += len(unfinished(rows, await rt.store.claims_of(scope, [r["id"] for r in rows])))
+            count += len(unfinished(rows, await w.store.claims_of(scope, [r["id"] for r in rows])))
         if count >= shard_size or (not rows and count):
             batch.append(
                 QueueMessage(

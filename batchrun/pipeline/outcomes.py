@@ -51,6 +51,7 @@ class Outcome:
     throttled: bool = False  # the peer asked to slow down: slows the adaptive rate
     halt: bool = False  # nothing can pass until someone acts: opens the breaker at once
     unknown: bool = False  # a statement of the job lost its reply: done or not, nobody knows
+    busy: bool = False  # a backend was busy: not attempted, no attempt counted, later again
 
 
 SUCCEEDED = Outcome(State.SENT)

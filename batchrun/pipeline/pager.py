@@ -21,8 +21,8 @@ from batchrun.db.store import FINAL_STATES, MAX_ID, Claim, Scope, Store
 from batchrun.errors import JobError, LockTimeoutError, OutcomeUnknownError
 from batchrun.job import Context, Job
 from batchrun.pipeline.engine import StopToken
+from batchrun.pipeline.item import Item
 from batchrun.pipeline.lease import Lease
-from batchrun.pipeline.recorder import Item
 
 log = logging.getLogger(__name__)
 _R = TypeVar("_R")

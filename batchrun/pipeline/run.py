@@ -1,4 +1,4 @@
-"""One run of a job over a period: pages -> claims -> prepare -> process, then the hand-off.
+"""One run of a job over a period: its pages on the road, then the hand-off.
 
 Each entity ends succeeded, skipped, failed for good, queued for retry, or released for
 the next run (a stop); on a stop with ``handoff`` (the Lambda, a worker) the rest of the
@@ -14,28 +14,26 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from batchrun.control.history import CANCELLED
 from batchrun.db.store import MAX_ID, Scope, State
-from batchrun.effects.sending import make_limiter
 from batchrun.errors import NotMigratedError, QueueError
 from batchrun.job import Context, Job
-from batchrun.mail.base import valid_address
 from batchrun.period import Period
-from batchrun.pipeline.engine import Progress, Runner, StopToken
+from batchrun.pipeline.apply import Applier, LedgerWrites
+from batchrun.pipeline.engine import Progress, StopToken
+from batchrun.pipeline.item import Item
 from batchrun.pipeline.lease import Lease
 from batchrun.pipeline.outcomes import Outcome
-from batchrun.pipeline.pager import LoadGate, Pager, page, unfinished
-from batchrun.pipeline.recorder import Item, Recorder
+from batchrun.pipeline.pager import LoadGate, Pager
 from batchrun.pipeline.reports import Summary
+from batchrun.pipeline.road import travel
+from batchrun.pipeline.wiring import Wiring
 from batchrun.pipeline.work import Worker
 from batchrun.policy.bugs import BugStreak
 from batchrun.policy.pacing import BREAKER_REASON, CircuitBreaker
 from batchrun.queue.base import QueueMessage
-
-if TYPE_CHECKING:
-    from batchrun.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +58,10 @@ class Options:
     # Given the run's summary as the run starts: what it reached is known if it fails.
     on_start: Callable[[Summary], None] | None = None
 
+    def progress(self, kind: Literal["done", "failed", "skipped"], count: int = 1) -> None:
+        if self.on_progress is not None:
+            self.on_progress(Progress(kind, count))
+
 
 def new_summary(job: Job, period: Period, dry_run: bool) -> Summary:
     return Summary(
@@ -76,7 +78,8 @@ def scope_of(ctx: Context) -> Scope:
 
 
 async def run_period(
-    rt: Runtime,
+    w: Wiring,
+    stop: StopToken,
     job: Job,
     period: Period,
     options: Options,
@@ -90,14 +93,16 @@ async def run_period(
     if options.on_start is not None:
         options.on_start(summary)
     started = time.monotonic()
-    missing = await rt.store.missing_requirements(job)
+    missing = await w.store.missing_requirements(job)
     if missing is not None:
         raise NotMigratedError(missing)  # before anything is claimed
     if dry_run:
-        await _dry_run(rt, job, period, options, summary, after, until)
+        from batchrun.pipeline.dryrun import dry_run as count
+
+        await count(w, stop, job, period, options, summary, after, until)
         summary.duration_s = time.monotonic() - started
         return summary
-    stop = rt.stop.child()  # a breaker stops this run, not a worker serving many
+    stop = stop.child()  # a breaker stops this run, not a worker serving many
     log.info(
         "%s %s: started (concurrency %d, pages of %d)",
         job.name,
@@ -107,10 +112,10 @@ async def run_period(
     )
     try:
         async with Lease(
-            rt.store, lease_s=rt.settings.lease_s, stop=stop, steering=rt.steering
+            w.store, lease_s=w.settings.lease_s, stop=stop, steering=w.steering
         ) as lease:
             try:
-                await _run(rt, job, period, options, summary, lease, after, until)
+                await _run(w, job, period, options, summary, lease, after, until)
             finally:
                 summary.lost_claims = lease.lost_claims
     finally:
@@ -130,7 +135,7 @@ async def run_period(
 
 
 async def _run(
-    rt: Runtime,
+    w: Wiring,
     job: Job,
     period: Period,
     options: Options,
@@ -140,33 +145,28 @@ async def _run(
     until: int,
 ) -> None:
     stop = lease.stop
-    limiter = await make_limiter(rt.mailer, options.rate)
-    breaker = CircuitBreaker(rt.settings.breaker_threshold)
-    ctx, sender = rt.context(
+    limiter = await w.effects.limiter(options.rate)
+    breaker = CircuitBreaker(w.settings.breaker_threshold)
+    ctx, sender = w.effects.context(
         job, period, summary=summary, lease=lease, stop=stop, limiter=limiter, breaker=breaker
     )
     scope = scope_of(ctx)
-    gate = _load_gate(rt, options, stop)
-    recorder = Recorder(rt.store, rt.queue, lease, summary=summary, enqueue=True)
-    bugs = BugStreak(rt.settings.bug_threshold)
-    runner: Runner[Item] = Runner(
-        concurrency=options.concurrency,
-        stop=stop,
-        grace_s=options.grace_s,
-        on_progress=options.on_progress,
-    )
+    gate = load_gate(w, options, stop)
+    writes = LedgerWrites(w.store, w.queue, lease, summary=summary, enqueue=True)
+    applier = Applier(writes.write)
+    bugs = BugStreak(w.settings.bug_threshold)
 
     def counted(item: Item, outcome: Outcome) -> None:
         if outcome.state is State.SENT:
             summary.succeeded += 1
-            runner.progress("done")
+            options.progress("done")
         elif outcome.state is State.SKIPPED:
             summary.skipped += 1
-            runner.progress("skipped")
+            options.progress("skipped")
         else:
             summary.failed += 1
             summary.unknown_outcome += outcome.unknown
-            runner.progress("failed")
+            options.progress("failed")
 
     def claimed(count: int) -> None:
         summary.eligible += count
@@ -175,11 +175,11 @@ async def _run(
         job,
         ctx,
         lease=lease,
-        recorder=recorder,
+        applier=applier,
         breaker=breaker,
         stop=stop,
         limiter=limiter,
-        policy=rt.policy(job, run=True),
+        policy=w.policy(job, run=True),
         at_once=True,  # a run's failures: available to `batchrun retry` at once
         on_outcome=counted,
         bugs=bugs,
@@ -188,35 +188,38 @@ async def _run(
         job,
         ctx,
         scope,
-        store=rt.store,
+        store=w.store,
         lease=lease,
         stop=stop,
-        page_limit=lambda: _page_limit(options, summary.eligible),
+        page_limit=lambda: page_limit(options, summary.eligible),
         on_claimed=claimed,
         start_after=after,
         until=until,
-        poll_s=min(1.0, rt.settings.lease_s / 5),
+        poll_s=min(1.0, w.settings.lease_s / 5),
         gate=gate,
     )
     try:
-        result = await runner.run(pager.items(), worker.work)
-        await recorder.close()
+        leftover = await travel(
+            pager.items(),
+            worker,
+            concurrency=options.concurrency,
+            stop=stop,
+            grace_s=options.grace_s,
+            unyielded=pager.unyielded,
+        )
+        await applier.close()
         if breaker.open and options.limit is not None:
+            known = len(pager.unyielded)  # already among the leftovers
             await pager.claim_rest()
-        leftover = [
-            i
-            for i in [*result.not_started, *result.cancelled, *pager.unyielded, *worker.unstarted]
-            if not lease.is_lost(i.scope, i.id)
-        ]
+            rest = list(pager.unyielded)[known:]
+            leftover += [i for i in rest if not lease.lost(i)]
         released: list[Item] = []
         if breaker.open:
             summary.stopped = breaker.reason or BREAKER_REASON
-            await recorder.write([(i, Outcome(State.RETRYING, summary.stopped)) for i in leftover])
+            await writes.write([(i, Outcome(State.RETRYING, summary.stopped)) for i in leftover])
             summary.failed += len(leftover)
         elif leftover:
-            ids = [i.id for i in leftover]
-            lease.let_go(scope, ids)  # first, as the recorder does (a heartbeat in between)
-            await rt.store.release(scope, ids=ids, me=lease.me)
+            await lease.release(scope, [i.id for i in leftover])
             summary.left_pending += len(leftover)
             released = leftover
         if bugs.tripped is not None:
@@ -229,9 +232,9 @@ async def _run(
             (breaker.open and options.breaker_handoff)
             or (stop.stopping and not breaker.open and options.handoff and stop.reason != CANCELLED)
         ):
-            await _hand_off(rt, job, period, options, summary, pager, released, until)
+            await _hand_off(w, job, period, options, summary, pager, released, until)
     finally:
-        await recorder.close()
+        await applier.close()
         summary.db_paused_s = round(gate.paused_s, 3)
         summary.throttles = sender.throttles + sender.pacer.throttles
         if limiter is not None:
@@ -240,7 +243,7 @@ async def _run(
 
 
 async def _hand_off(
-    rt: Runtime,
+    w: Wiring,
     job: Job,
     period: Period,
     options: Options,
@@ -259,73 +262,26 @@ async def _hand_off(
             return
     if pager.done and not released:
         return
-    if rt.queue is None:
+    if w.queue is None:
         return
     resume = min([pager.cursor, *(i.id - 1 for i in released), *(u - 1 for u in pager.foreign)])
     body = QueueMessage(
         "continuation", job.name, str(period), after_id=resume, until_id=until, limit=remaining
     ).to_json()
     try:
-        await rt.queue.send([body])
+        await w.queue.send([body])
     except QueueError as exc:
         log.error("could not hand the rest of %s %s on (%s); run it again", job.name, period, exc)
         return
     summary.continuation = True
 
 
-async def _dry_run(
-    rt: Runtime,
-    job: Job,
-    period: Period,
-    options: Options,
-    summary: Summary,
-    after: int,
-    until: int,
-) -> None:
-    """Count what a run would do: ``page``, ledger and suppression-list reads only,
-    nothing written.
-
-    A row's recipient (its ``Job.address`` column, when the page has one) is checked as
-    ``send_email`` would: an invalid or suppressed address is counted skipped.
-    """
-    ctx, _ = rt.context(job, period, dry_run=True)
-    scope = scope_of(ctx)
-    fresh = not await rt.store.period_started(job=job.name, period=str(period))
-    gate = _load_gate(rt, options, rt.stop)
-    while True:
-        limit = _page_limit(options, summary.eligible)
-        if limit <= 0:
-            return
-        await gate.wait()
-        summary.db_paused_s = round(gate.paused_s, 3)
-        if rt.stop.stopping:
-            return
-        rows = await page(job, ctx, after, limit)
-        if not rows:
-            return
-        after = rows[-1]["id"]
-        in_range = [r for r in rows if r["id"] <= until]
-        if not fresh:
-            in_range = unfinished(
-                in_range, await rt.store.claims_of(scope, [r["id"] for r in in_range])
-            )
-        summary.eligible += len(in_range)
-        addresses = [r[job.address] for r in in_range if job.address in r]
-        valid = [a for a in addresses if isinstance(a, str) and valid_address(a)]
-        suppressed = await ctx.suppressed(valid) if valid else {}
-        summary.skipped += len(addresses) - len(valid) + sum(1 for a in valid if a in suppressed)
-        if options.on_progress:
-            options.on_progress(Progress("done", len(in_range)))
-        if len(in_range) < len(rows) or rt.stop.stopping:
-            return
+def load_gate(w: Wiring, options: Options, stop: StopToken) -> LoadGate:
+    limit = options.max_db_load if options.max_db_load is not None else w.settings.max_db_load
+    return LoadGate(w.store.db, limit, stop)
 
 
-def _load_gate(rt: Runtime, options: Options, stop: StopToken) -> LoadGate:
-    limit = options.max_db_load if options.max_db_load is not None else rt.settings.max_db_load
-    return LoadGate(rt.store.db, limit, stop)
-
-
-def _page_limit(options: Options, seen: int) -> int:
+def page_limit(options: Options, seen: int) -> int:
     if options.limit is None:
         return options.page_size
     return min(options.page_size, options.limit - seen)

@@ -1,5 +1,6 @@
-"""One entity's work, the same in a run and in a queue consumer: fence, process, settle
-by the job's RetryPolicy, record."""
+"""One entity's work, the same for every item on the road (a page's entity, one a message
+names, a submitted task): fence, process, classify, settle by the job's RetryPolicy, and
+hand the outcome to the applier."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from collections.abc import Callable
 
 from batchrun.errors import ThrottledError
 from batchrun.job import Context, Job
+from batchrun.pipeline.apply import Applier
 from batchrun.pipeline.engine import StopToken
-from batchrun.pipeline.lease import Lease
+from batchrun.pipeline.item import Item
+from batchrun.pipeline.lease import Fence
 from batchrun.pipeline.outcomes import SUCCEEDED, Classified, Outcome, classify
-from batchrun.pipeline.recorder import Item, Recorder
 from batchrun.policy.bugs import BugStreak
 from batchrun.policy.pacing import CircuitBreaker
 from batchrun.policy.rate import AdaptiveRate
@@ -21,15 +23,15 @@ log = logging.getLogger(__name__)
 
 
 class Worker:
-    """Works claimed entities of one job and period through ``process``."""
+    """Works claimed entities (or tasks) of one job through ``process``."""
 
     def __init__(
         self,
         job: Job,
         ctx: Context,
         *,
-        lease: Lease,
-        recorder: Recorder,
+        lease: Fence,
+        applier: Applier,
         breaker: CircuitBreaker,
         stop: StopToken,
         limiter: AdaptiveRate | None = None,
@@ -37,11 +39,12 @@ class Worker:
         at_once: bool = True,
         on_outcome: Callable[[Item, Outcome], None] | None = None,
         bugs: BugStreak | None = None,
+        on_done: Callable[[Item], None] | None = None,
     ) -> None:
         self.job = job
         self.ctx = ctx
         self.lease = lease
-        self.recorder = recorder
+        self.applier = applier
         self.breaker = breaker
         self.stop = stop
         self.limiter = limiter
@@ -49,11 +52,21 @@ class Worker:
         self.at_once = at_once  # a run's failures are retried at once; a consumer's back off
         self.on_outcome = on_outcome
         self.bugs = bugs  # the same error for many entities in a row stops the work
+        self.on_done = on_done  # told when an item leaves the worker, worked or not
         self.unstarted: list[Item] = []  # not attempted (stopped, breaker open): the caller's
         self.lost: list[Item] = []
 
     async def work(self, item: Item) -> None:
-        if self.lease.is_lost(item.scope, item.id):
+        if self.on_done is None:
+            await self._work(item)
+            return
+        try:
+            await self._work(item)
+        finally:
+            self.on_done(item)
+
+    async def _work(self, item: Item) -> None:
+        if self.lease.lost(item):
             self.lost.append(item)
             return
         if self.breaker.open:
@@ -64,7 +77,7 @@ class Worker:
         if not await self.lease.fence():
             self.unstarted.append(item)
             return
-        elif self.lease.is_lost(item.scope, item.id):
+        elif self.lease.lost(item):
             self.lost.append(item)  # the heartbeat the fence waited for found it taken
             return
         elif self.bugs is not None and not await self.bugs.admit():
@@ -80,11 +93,14 @@ class Worker:
         outcome = self.policy.settle(outcome, item.attempts, at_once=self.at_once)
         if self.on_outcome is not None:
             self.on_outcome(item, outcome)
-        await self.recorder.record(item, outcome)
+        await self.applier.record(item, outcome)
 
     async def _process(self, item: Item) -> Outcome:
         try:
-            await self.job.process(self.ctx.entity(item.id), item.row)
+            ctx = self.ctx.entity(item.id)
+            if item.key is not None:
+                ctx.key = item.key  # a submitted task's own idempotency key
+            await self.job.process(ctx, item.argument)
         except Exception as exc:
             self._bug(exc)
             return self._failed(exc)

@@ -9,9 +9,9 @@ inspection.py  looking without touching: status, preview, db explain's page plan
 
 from __future__ import annotations
 
-from batchrun.pipeline.consume import Verdict
+from batchrun.pipeline.apply import Disposition
 from batchrun.pipeline.reports import FanOut, RetrySummary, Summary
 from batchrun.pipeline.run import Options
 from batchrun.runtime.runtime import Runtime
 
-__all__ = ["FanOut", "Options", "RetrySummary", "Runtime", "Summary", "Verdict"]
+__all__ = ["Disposition", "FanOut", "Options", "RetrySummary", "Runtime", "Summary"]

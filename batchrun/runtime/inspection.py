@@ -17,7 +17,8 @@ from batchrun.period import Period
 from batchrun.pipeline.pager import recheck
 
 if TYPE_CHECKING:
-    from batchrun.runtime.runtime import Runtime
+    from batchrun.pipeline.engine import StopToken
+    from batchrun.pipeline.wiring import Wiring
 
 
 class NoEffects:
@@ -36,25 +37,25 @@ class NoEffects:
         pass
 
 
-async def status(rt: Runtime, which: Job, period: Period, *, problems: int) -> dict[str, Any]:
+async def status(w: Wiring, which: Job, period: Period, *, problems: int) -> dict[str, Any]:
     """The ledger's counts for the job's period, the job's own (``Job.status``), and the
     first ``problems`` entities not done."""
-    counts = await rt.store.status(job=which.name, period=str(period), problems=problems)
-    history = History(rt.store.db, lease_s=rt.settings.lease_s)
+    counts = await w.store.status(job=which.name, period=str(period), problems=problems)
+    history = History(w.store.db, lease_s=w.settings.lease_s)
     # claimed: held by a live run; the rest of the unfinished claims a stopped or dead run
     # left (the next run takes them at once, or when their lease has passed)
     stale = min(counts.claimed, await history.stale_claims(job=which.name, period=str(period)))
     ctx = Context(
         which,
         period,
-        rt.store.jobdb,
-        NoEffects(rt.store),
+        w.store.jobdb,
+        NoEffects(w.store),
         dry_run=True,
-        env=rt.settings.environ,
+        env=w.settings.environ,
     )
     own = await which.status(ctx)
     if "pending" not in own:
-        own = {**own, "pending": await _pending(rt.store, which, ctx)}
+        own = {**own, "pending": await _pending(w.store, which, ctx)}
     return {
         "succeeded": counts.succeeded,
         "skipped": counts.skipped,
@@ -88,7 +89,9 @@ async def _pending(store: Store, which: Job, ctx: Context, page_size: int = 500)
         after = ids[-1]
 
 
-async def preview(rt: Runtime, which: Job, period: Period, entity_id: int) -> Message:
+async def preview(
+    w: Wiring, stop: StopToken, which: Job, period: Period, entity_id: int
+) -> Message:
     """The email ``job`` would send to entity ``entity_id``: its page row, then
     ``process`` with the send captured. Nothing is claimed, written or sent."""
     captured: list[Message] = []
@@ -100,16 +103,16 @@ async def preview(rt: Runtime, which: Job, period: Period, entity_id: int) -> Me
 
     sender = Capture(
         None,
-        rt.settings,
+        w.settings,
         summary=None,
         lease=None,
-        stop=rt.stop,
+        stop=stop,
         limiter=None,
-        templates=rt.templates(which),
-        store=rt.store,
-        sender=rt.settings.sender_for(which),
+        templates=w.effects.templates(which),
+        store=w.store,
+        sender=w.settings.sender_for(which),
     )
-    ctx = Context(which, period, rt.store.jobdb, sender, dry_run=True, env=rt.settings.environ)
+    ctx = Context(which, period, w.store.jobdb, sender, dry_run=True, env=w.settings.environ)
     row = await recheck(which, ctx, entity_id)
     if row is None:
         some = [str(r["id"]) for r in await which.page(ctx, 0, 3)]
@@ -145,12 +148,12 @@ class _Explaining:
 
 
 async def page_plans(
-    rt: Runtime, which: Job, period: Period, page_size: int
+    w: Wiring, which: Job, period: Period, page_size: int
 ) -> list[tuple[str, list[dict[str, Any]]]]:
     """The database's plan of each query ``which.page`` runs for its first page."""
-    explaining = _Explaining(rt.store.db, rt.store.jobdb)
+    explaining = _Explaining(w.store.db, w.store.jobdb)
     ctx = Context(
-        which, period, explaining, NoEffects(rt.store), dry_run=True, env=rt.settings.environ
+        which, period, explaining, NoEffects(w.store), dry_run=True, env=w.settings.environ
     )
     await which.page(ctx, 0, page_size)
     return explaining.plans

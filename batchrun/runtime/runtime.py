@@ -1,5 +1,6 @@
-"""The runtime: runs jobs and serves the queue for every registered job, over one set of
-backends. It knows no job; the CLI, the Lambda handler and the tests drive it alike."""
+"""The runtime: the wiring. It opens nothing and decides nothing per entity; it hands the
+road (batchrun/pipeline/) its collaborators and drives it for a run, a drain, a worker
+and the Lambda. It knows no job; the CLI, the Lambda handler and the tests drive it alike."""
 
 from __future__ import annotations
 
@@ -8,37 +9,27 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from batchrun.control.steering import Steering
 from batchrun.db.store import MAX_ID, Scope, Store
-from batchrun.effects.sending import Sender, make_limiter
+from batchrun.effects.lender import Effects
 from batchrun.errors import NotMigratedError, UsageError
-from batchrun.job import Context, Job
+from batchrun.job import Job
 from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
-from batchrun.pipeline import consume
-from batchrun.pipeline.consume import Verdict
+from batchrun.pipeline.apply import Disposition, settle_messages
+from batchrun.pipeline.consume import Consumer
 from batchrun.pipeline.engine import StopToken
-from batchrun.pipeline.lease import Lease
 from batchrun.pipeline.pager import recheck
 from batchrun.pipeline.reports import FanOut, RetrySummary, Summary
 from batchrun.pipeline.run import Options, new_summary, run_period
-from batchrun.policy.bugs import BugStreak
-from batchrun.policy.pacing import CircuitBreaker
-from batchrun.policy.rate import AdaptiveRate
+from batchrun.pipeline.wiring import Wiring
 from batchrun.policy.retry import RetryPolicy
 from batchrun.queue.base import QueueMessage, Received, RetryQueue
-from batchrun.runtime import inspection as inspect
-from batchrun.runtime import preflight
+from batchrun.runtime import inspection, preflight
 from batchrun.settings import Settings
-from batchrun.urls import scheme_of
-
-if TYPE_CHECKING:
-    from batchrun.templates import Templates
-
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +41,7 @@ REQUEUE_EVERY_S = 60.0  # how often a worker re-sends failures the queue did not
 
 class Runtime:
     """Runs jobs (``run``, ``fan_out``, ``submit``) and consumes the queue (``retry``,
-    ``serve``, ``process``) with the same per-entity pipeline."""
+    ``serve``, ``process``) on the one road every entity travels."""
 
     def __init__(
         self,
@@ -73,98 +64,21 @@ class Runtime:
         self.queue = queue
         self.settings = settings
         self.stop = stop or StopToken()
-        self._templates_dirs = dict(templates_dirs or {})
-        self._templates: dict[str, Templates] = {}
-        self._retry_limiter: AdaptiveRate | None = None  # one pacer for a whole drain
-        self._retry_limiter_made = False
-        # One breaker for the queue consumers: connection failures count across batches.
-        self.breaker = CircuitBreaker(settings.breaker_threshold)
-        # One streak for the queue consumers too: a bug shows across batches.
-        self.bugs = BugStreak(settings.bug_threshold)
-        self._warned_unsubscribe = False
-        self._checked: list[object] = []  # the backends preflight found usable
         self.steering = Steering()  # pause / cancel, read at each heartbeat (RunRecord)
+        self.effects = Effects(mailer, store, settings, templates_dirs)
+        self.wiring = Wiring(store, queue, self.effects, self.steering, settings)
+        # One consumer for the runtime's life: its breaker and bug streak span batches.
+        self.consumer = Consumer(self.wiring, self.jobs, self.stop)
+        self._checked: list[object] = []  # the backends preflight found usable
 
     @property
     def job(self) -> Job:
         """The first job (the one ``run`` runs when none is named)."""
         return next(iter(self.jobs.values()))
 
-    def templates(self, job: Job) -> Templates:
-        """The job's templates (``--templates``, its own folder, batchrun's), compiled once."""
-        found = self._templates.get(job.name)
-        if found is None:
-            from batchrun.templates import DEFAULTS, Templates, job_folder
-
-            folder = self._templates_dirs.get(job.name) or job_folder(job)
-            override = self.settings.templates_dir
-            found = Templates([p for p in (override, folder, DEFAULTS) if p is not None])
-            self._templates[job.name] = found
-        return found
-
-    def compile_templates(self, job: Job) -> None:
-        """Compile every template ``job`` has, before anything is claimed or sent (see
-        ``preflight.compile_templates``)."""
-        folder = self._templates_dirs.get(job.name)
-        preflight.compile_templates(self.templates(job), job, folder, self.settings.templates_dir)
-
-    def context(
-        self,
-        job: Job,
-        period: Period,
-        *,
-        summary: Summary | None = None,
-        lease: Lease | None = None,
-        stop: StopToken | None = None,
-        limiter: AdaptiveRate | None = None,
-        breaker: CircuitBreaker | None = None,
-        dry_run: bool = False,
-    ) -> tuple[Context, Sender]:
-        """A context for ``job``'s ``period``, and its effects: email through this runtime's
-        mailer (none in a dry run), counted in ``summary``, fenced by ``lease``, every
-        effect paced by ``limiter`` and stopped by ``breaker``."""
-        sender = Sender(
-            None if dry_run else self.mailer,
-            self.settings,
-            summary=summary,
-            lease=lease,
-            stop=stop or self.stop,
-            limiter=limiter,
-            templates=None if dry_run else self.templates(job),
-            store=self.store,
-            sender=self.settings.sender_for(job),
-            breaker=breaker,
-        )
-        if not dry_run:
-            self.warn_without_unsubscribe()
-        ctx = Context(
-            job, period, self.store.jobdb, sender, dry_run=dry_run, env=self.settings.environ
-        )
-        return ctx, sender
-
     def policy(self, job: Job, *, run: bool = False) -> RetryPolicy:
-        """``job``'s retry policy over the deployment's (settings, the queue's receives).
-
-        For a period run (``run``) the deployment's attempts do not apply: they count the
-        queue's receives, and a rerun's attempt at an entity waiting for its retry is no
-        receive (the consumer gives up). A job's own ``RetryPolicy(attempts=…)`` applies.
-        """
-        receives = self.queue.max_receives if self.queue is not None else None
-        defaults = RetryPolicy.defaults(self.settings, receives)
-        if run:
-            defaults = replace(defaults, attempts=None)
-        return job.retry.over(defaults)
-
-    def warn_without_unsubscribe(self) -> None:
-        """Once per runtime: mail to real mailboxes (SMTP, SES) without one-click unsubscribe."""
-        if self._warned_unsubscribe or self.settings.unsubscribe_secret is not None:
-            return
-        if scheme_of(self.settings.mail_url) in ("smtp", "smtps", "ses"):
-            self._warned_unsubscribe = True
-            log.warning(
-                "emails go out without one-click unsubscribe: Gmail and Yahoo require it of "
-                "bulk senders; set BATCHRUN_UNSUBSCRIBE_URL and BATCHRUN_UNSUBSCRIBE_SECRET"
-            )
+        """``job``'s retry policy over the deployment's (see ``Wiring.policy``)."""
+        return self.wiring.policy(job, run=run)
 
     async def preflight(self, job: Job | None = None, queue: RetryQueue | None = None) -> None:
         """Before the first effect: the job's tables, the retry queue (and ``queue``) and
@@ -183,12 +97,6 @@ class Runtime:
     def _was_checked(self, backend: object) -> bool:
         return any(backend is done for done in self._checked)
 
-    async def retry_limiter(self, options: Options) -> AdaptiveRate | None:
-        if not self._retry_limiter_made:
-            self._retry_limiter = await make_limiter(self.mailer, options.rate)
-            self._retry_limiter_made = True
-        return self._retry_limiter
-
     # -- runs -----------------------------------------------------------------------------
 
     async def run(
@@ -203,13 +111,20 @@ class Runtime:
     ) -> Summary:
         """Run ``job`` (default: the first) over ``period``, ids in (after, until]."""
         which = self._job(job)
-        self.compile_templates(which)
+        self.effects.compile(which)
         if not dry_run:
             if await self._paused(which, period):
                 return paused_summary(which, period)
             await self.preflight(which)
         return await run_period(
-            self, which, period, options or Options(), dry_run=dry_run, after=after, until=until
+            self.wiring,
+            self.stop,
+            which,
+            period,
+            options or Options(),
+            dry_run=dry_run,
+            after=after,
+            until=until,
         )
 
     async def _paused(self, job: Job, period: Period) -> bool:
@@ -234,7 +149,9 @@ class Runtime:
         """Queue the period's unfinished entities as id ranges (shards) for many consumers."""
         from batchrun.pipeline.fanout import fan_out
 
-        return await fan_out(self, self._job(job), period, queue, shard_size=shard_size)
+        return await fan_out(
+            self.wiring, self.stop, self._job(job), period, queue, shard_size=shard_size
+        )
 
     async def submit(self, job: Job | str, period: Period, ids: Sequence[int]) -> int:
         """Queue one task per entity for the consumers; return how many were queued.
@@ -246,7 +163,7 @@ class Runtime:
         assert self.queue is not None
         which = self._job(job)
         await self.preflight(which)
-        ctx, _ = self.context(which, period, dry_run=True)
+        ctx, _ = self.effects.context(which, period, stop=self.stop, dry_run=True)
         absent = [i for i in dict.fromkeys(ids) if await recheck(which, ctx, i) is None]
         if absent:
             shown = ", ".join(str(i) for i in absent[:20]) + (" …" if len(absent) > 20 else "")
@@ -270,25 +187,25 @@ class Runtime:
         missing = await self.store.missing_requirements(which)
         if missing is not None:
             raise NotMigratedError(missing)  # the line migrate printed, not a missing table
-        return await inspect.status(self, which, period, problems=problems)
+        return await inspection.status(self.wiring, which, period, problems=problems)
 
     async def preview(self, job: Job | str, period: Period, entity_id: int) -> Message:
         """The email ``job`` would send to entity ``entity_id``; nothing claimed or sent."""
-        return await inspect.preview(self, self._job(job), period, entity_id)
+        return await inspection.preview(self.wiring, self.stop, self._job(job), period, entity_id)
 
     # -- the queue ------------------------------------------------------------------------
 
     async def process(
         self, items: Sequence[Received], options: Options | None = None
-    ) -> dict[str, Verdict]:
+    ) -> dict[str, Disposition]:
         """Work on received queue messages; say what to do with each (by message id).
 
-        The caller acts on the verdicts: `batchrun retry` deletes, hides or dead-letters;
-        the Lambda handler turns them into its batchItemFailures.
+        The caller settles them (``pipeline.apply.settle_messages``): `batchrun retry`
+        deletes, hides or dead-letters; the Lambda handler reports its batchItemFailures.
         """
         await self.preflight()
-        verdicts, _, _ = await consume.process(self, items, options or Options())
-        return verdicts
+        dispositions, _, _ = await self.consumer.process(items, options or Options())
+        return dispositions
 
     async def retry(
         self, options: Options | None = None, *, max_messages: int = 10_000
@@ -317,8 +234,8 @@ class Runtime:
                 break
             received += len(items)
             broken = await self._settle(items, options, result, visibility)
-            if self.bugs.tripped is not None:
-                result.error = self.bugs.tripped
+            if self.consumer.bugs.tripped is not None:
+                result.error = self.consumer.bugs.tripped
                 break
             if broken:
                 # The mail backend is unreachable: the rest waits for a later drain,
@@ -370,8 +287,8 @@ class Runtime:
             known = set(result.unknown_jobs)
             broken = await self._settle(items, options, result, visibility_s, queue=queue)
             idle_since = time.monotonic()
-            if self.bugs.tripped is not None:
-                result.error = self.bugs.tripped  # like a crash: a supervisor sees exit 1
+            if self.consumer.bugs.tripped is not None:
+                result.error = self.consumer.bugs.tripped  # like a crash: exit 1
                 break
             for name in sorted(result.unknown_jobs - known):
                 log.warning(
@@ -384,7 +301,7 @@ class Runtime:
                 outage += 1
                 log.warning("mail backend unreachable: the worker pauses %.0f s", pause)
                 await self._sleep(pause)
-                self.breaker.half_open()
+                self.consumer.breaker.half_open()
             else:
                 outage = 0
         result.remaining, _ = await queue.depths()
@@ -404,31 +321,21 @@ class Runtime:
         *,
         queue: RetryQueue | None = None,
     ) -> bool:
-        """Work on received messages, then delete, hide or dead-letter each by its verdict;
-        whether the mail backend was found unreachable."""
+        """Work on received messages, then settle each by its disposition; whether the
+        mail backend was found unreachable."""
         queue = queue or self.queue
         assert queue is not None
         keepalive = asyncio.create_task(self._keep_invisible(queue, items, visibility_s))
         try:
-            verdicts, broken, lost = await consume.process(self, items, options)
+            dispositions, broken, lost = await self.consumer.process(items, options)
         finally:
             keepalive.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keepalive
         result.lost_claims += lost
-        done = []
         for item in items:
-            verdict = verdicts[item.message_id]
-            _count(result, verdict)
-            if verdict.action == "delete":
-                done.append(item)
-            elif verdict.action == "later" and (verdict.unknown_job is not None or verdict.keep):
-                await queue.keep(item, verdict.delay_s)
-            elif verdict.action == "later":
-                await queue.retry_later(item, verdict.delay_s)
-            else:
-                await queue.dead_letter(item, verdict.reason)
-        await queue.delete(done)
+            count(result, dispositions[item.message_id])
+        await settle_messages(queue, items, dispositions)
         return broken
 
     async def _keep_invisible(
@@ -480,8 +387,8 @@ def paused_summary(job: Job, period: Period) -> Summary:
     return summary
 
 
-def _count(result: RetrySummary, verdict: Verdict) -> None:
-    """Add one processed message's verdict to the totals, in entities."""
+def count(result: RetrySummary, verdict: Disposition) -> None:
+    """Add one processed message's disposition to the totals, in entities."""
     if verdict.summary is not None:
         result.add_run(verdict.summary)
     elif verdict.unknown_job is not None:

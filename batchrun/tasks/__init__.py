@@ -1,5 +1,8 @@
-"""Tasks an application submits: ``Task`` (task.py), their tables (store.py), how a
-consumer runs them (serve.py) and how they are queued (submit.py)."""
+"""Tasks an application submits: their tables (store.py) and how one is queued (submit.py).
+
+``batchrun.Task`` itself is in batchrun/task.py; a consumer runs tasks on the road like
+every other entity (batchrun/pipeline/tasks.py).
+"""
 
 from batchrun.task import BadTask, Task, TaskItem
 

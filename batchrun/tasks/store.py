@@ -54,8 +54,9 @@ class TaskStore:
         return TaskRow(int(row[0]), int(row[1]), data, TaskState(int(row[3])), int(row[4]))
 
     async def take_turn(self, job: str, entity_id: int, me: str, lease_s: float) -> bool:
-        """Hold the entity's turn (a lease); False while another live process holds it."""
-        now = now_ms()
+        """Hold the entity's turn (a lease on the server's clock); False while another
+        live process holds it."""
+        now = await self.db.clock_ms()
         taken = await self.db.execute(
             "turn_take",
             job=job,
@@ -72,16 +73,23 @@ class TaskStore:
         return None if row is None else str(row[0])
 
     async def start(self, task_id: int, me: str, lease_s: float) -> bool:
-        now = now_ms()
+        """Mark the task running, leased to ``me``; False while another live process runs it."""
+        now = await self.db.clock_ms()
         started = await self.db.execute(
             "task_start", id=task_id, me=me, until=now + int(lease_s * 1000), now=now
         )
         return started > 0
 
-    async def extend(self, job: str, entity_id: int, task_id: int, me: str, lease_s: float) -> None:
-        until = now_ms() + int(lease_s * 1000)
-        await self.db.execute("task_extend", id=task_id, me=me, until=until)
-        await self.db.execute("turn_extend", job=job, entity_id=entity_id, me=me, until=until)
+    async def extend_task(self, task_id: int, me: str, until: int) -> bool:
+        """Extend the task's lease to ``until`` (server ms); False when it is not ``me``'s."""
+        return await self.db.execute("task_extend", id=task_id, me=me, until=until) > 0
+
+    async def extend_turn(self, job: str, entity_id: int, me: str, until: int) -> bool:
+        """Extend the entity's turn to ``until`` (server ms); False when it is not ``me``'s."""
+        changed = await self.db.execute(
+            "turn_extend", job=job, entity_id=entity_id, me=me, until=until
+        )
+        return changed > 0
 
     async def finish(self, task_id: int, me: str, state: TaskState, error: str | None) -> bool:
         """Record the attempt's end; False when the lease was lost (nothing recorded)."""
@@ -94,6 +102,11 @@ class TaskStore:
             now=now_ms(),
         )
         return done > 0
+
+    async def release(self, task_id: int, me: str) -> None:
+        """Give a started task back unattempted (stopped first, or its backend was busy):
+        pending again, or waiting for its retry, its attempts as they were."""
+        await self.db.execute("task_release", id=task_id, me=me)
 
     async def release_turn(self, job: str, entity_id: int, me: str) -> None:
         await self.db.execute("turn_release", job=job, entity_id=entity_id, me=me)

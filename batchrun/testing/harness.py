@@ -261,7 +261,10 @@ class AsyncHarness:
         await self.job.process(self._context(period).entity(row["id"]), row)
 
     def _context(self, period: PeriodLike) -> Context:
-        ctx, _ = self._runtime().context(self.job, self.period(period), summary=self._direct)
+        runtime = self._runtime()
+        ctx, _ = runtime.effects.context(
+            self.job, self.period(period), stop=runtime.stop, summary=self._direct
+        )
         return ctx
 
     def _runtime(self) -> Runtime:

@@ -24,6 +24,12 @@ SET state = :state, attempts = attempts + 1, owner = NULL, lease_until = NULL,
   last_error = :error, finished_at = :now
 WHERE id = :id AND owner = :me AND state = 1;
 
+-- name: task_release
+-- Given back unattempted: pending (3, waiting for a retry, once it has failed before).
+UPDATE batchrun_entity_task
+SET state = CASE WHEN attempts > 0 THEN 3 ELSE 0 END, owner = NULL, lease_until = NULL
+WHERE id = :id AND owner = :me AND state = 1;
+
 -- name: task_extend
 UPDATE batchrun_entity_task SET lease_until = :until WHERE id = :id AND owner = :me;
 

@@ -1,0 +1,340 @@
+"""Submitted tasks on the road: each task once, one entity's tasks one at a time.
+
+A message names a submitted task by its key; its data waits in ``batchrun_entity_task``.
+To run it a process takes the entity's turn (a lease in ``batchrun_entity_turn``) and
+checks that the task is the entity's oldest unfinished one: so one entity's tasks never
+overlap, in any process or Lambda, and run in submission order. A task that is not its
+entity's turn yet goes back to the queue with a short delay, kept (no attempt counted,
+never dead-lettered for waiting). Entities run in parallel up to ``--concurrency``; one
+entity's tasks in a batch follow each other, the next started once the last has its
+outcome. Both leases (the task's, the turn's) are on the database server's clock and
+kept alive by one heartbeat (``TaskClaims``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+
+from batchrun.control.steering import Steering
+from batchrun.db.store import Scope, State
+from batchrun.job import Job
+from batchrun.period import current
+from batchrun.pipeline.apply import Applier, Disposition
+from batchrun.pipeline.engine import StopToken
+from batchrun.pipeline.item import Item
+from batchrun.pipeline.lease import Fence
+from batchrun.pipeline.outcomes import Outcome
+from batchrun.pipeline.road import travel
+from batchrun.pipeline.run import Options
+from batchrun.pipeline.wiring import Wiring
+from batchrun.pipeline.work import Worker
+from batchrun.policy.bugs import BugStreak
+from batchrun.policy.pacing import CircuitBreaker
+from batchrun.queue.base import QueueMessage, Received
+from batchrun.task import Task, TaskItem
+from batchrun.tasks.store import TaskRow, TaskState, TaskStore
+
+log = logging.getLogger(__name__)
+TURN_WAIT_S = 0.5  # a task waiting for its entity's turn looks again after about this long
+WAITING = "waiting for its entity's turn"
+
+Entry = tuple[Received, QueueMessage]
+
+
+class TaskClaims(Fence):
+    """The tasks this process runs (their leases) and the entities' turns it holds."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        *,
+        lease_s: float,
+        stop: StopToken,
+        steering: Steering | None = None,
+    ) -> None:
+        super().__init__(lease_s=lease_s, stop=stop, steering=steering)
+        self.store = store
+        self.running: dict[int, tuple[str, int]] = {}  # task id -> (job, entity id)
+        self.turns: set[tuple[str, int]] = set()  # (job, entity id)
+        self._lost: set[int] = set()
+
+    def holding(self) -> bool:
+        return bool(self.running or self.turns)
+
+    def held_scopes(self) -> Iterable[Scope]:
+        # A task job is paused as a whole (``batchrun pause JOB``): period ''.
+        return {Scope(job, "", "") for job, _ in self.turns}
+
+    def lost(self, item: Item) -> bool:
+        return item.task_id in self._lost
+
+    async def renew_held(self) -> None:
+        until = await self.store.db.clock_ms() + self.lease_ms
+        for job, entity in list(self.turns):
+            if not await self.store.extend_turn(job, entity, self.me, until):
+                self.turns.discard((job, entity))
+                mine = [t for t, held in self.running.items() if held == (job, entity)]
+                self._lose(mine, f"{job}: entity {entity}'s turn")
+        for task_id in list(self.running):
+            if not await self.store.extend_task(task_id, self.me, until):
+                self._lose([task_id], f"task {task_id}")
+
+    def _lose(self, task_ids: list[int], what: str) -> None:
+        for task_id in task_ids:
+            self.running.pop(task_id, None)
+            self._lost.add(task_id)
+        if task_ids:
+            self.lost_claims += len(task_ids)
+            log.warning("%s was taken over by another process (this one's lease expired)", what)
+
+
+class TaskRoad:
+    """Runs the tasks a batch of messages names; one disposition per message."""
+
+    def __init__(
+        self,
+        w: Wiring,
+        jobs: Mapping[str, Job],
+        stop: StopToken,
+        breaker: CircuitBreaker,
+        bugs: BugStreak,
+    ) -> None:
+        self.w = w
+        self.jobs = jobs
+        self.stop = stop
+        self.breaker = breaker
+        self.bugs = bugs
+        self.store = TaskStore(w.store.db)
+
+    async def process(self, entries: Sequence[Entry], options: Options) -> dict[str, Disposition]:
+        found: dict[str, Disposition] = {}
+        by_job: dict[str, list[Entry]] = {}
+        for received, message in entries:
+            job = self.jobs[message.job]
+            if not isinstance(job, Task):
+                found[received.message_id] = Disposition(
+                    "poison", f"poison: job {job.name!r} is not a task job"
+                )
+            else:
+                by_job.setdefault(job.name, []).append((received, message))
+        for name, mine in by_job.items():
+            job = self.jobs[name]
+            assert isinstance(job, Task)
+            found.update(await self._job(job, mine, options))
+        return found
+
+    async def _job(
+        self, job: Task, entries: list[Entry], options: Options
+    ) -> dict[str, Disposition]:
+        found: dict[str, Disposition] = {}
+        groups: dict[int, deque[Entry]] = {}
+        for entry in entries:
+            groups.setdefault(entry[1].entity_id, deque()).append(entry)
+        stop = self.stop.child()
+        settings = self.w.settings
+        finished: asyncio.Queue[int] = asyncio.Queue()
+        lost_finish: set[str] = set()  # messages whose task's end could not be recorded
+        try:
+            async with TaskClaims(
+                self.store, lease_s=settings.lease_s, stop=stop, steering=self.w.steering
+            ) as claims:
+
+                async def write(batch: Sequence[tuple[Item, Outcome]]) -> None:
+                    for item, outcome in batch:
+                        assert item.task_id is not None
+                        claims.running.pop(item.task_id, None)
+                        if outcome.busy:
+                            await self.store.release(item.task_id, claims.me)
+                            continue
+                        state = _task_state(outcome)
+                        if not await self.store.finish(
+                            item.task_id, claims.me, state, outcome.reason
+                        ):
+                            log.warning(
+                                "%s task %s: lease lost, its end not recorded", job.name, item.key
+                            )
+                            assert item.message is not None
+                            lost_finish.add(item.message.message_id)
+
+                applier = Applier(write)
+                limiter = await self.w.effects.limiter(options.rate)
+                ctx, _ = self.w.effects.context(
+                    job,
+                    current(job.period),
+                    lease=claims,  # type: ignore[arg-type]
+                    stop=stop,
+                    limiter=limiter,
+                    breaker=self.breaker,
+                )
+                worker = Worker(
+                    job,
+                    ctx,
+                    lease=claims,
+                    applier=applier,
+                    breaker=self.breaker,
+                    stop=stop,
+                    limiter=limiter,
+                    policy=self.w.policy(job),
+                    at_once=False,
+                    bugs=self.bugs,
+                    on_done=lambda item: finished.put_nowait(item.id),
+                )
+                source = self._source(job, groups, claims, found, finished, stop)
+                try:
+                    leftover = await travel(
+                        source,
+                        worker,
+                        concurrency=options.concurrency,
+                        stop=stop,
+                        grace_s=options.grace_s,
+                        on_progress=options.on_progress,
+                    )
+                finally:
+                    await applier.close()
+                for item in leftover:
+                    assert item.task_id is not None and item.message is not None
+                    claims.running.pop(item.task_id, None)
+                    await self.store.release(item.task_id, claims.me)
+                    found[item.message.message_id] = _wait(0.0)
+                for received, _ in (e for g in groups.values() for e in g):
+                    found.setdefault(received.message_id, _wait())  # never started: stopped
+                for item_job, entity in list(claims.turns):
+                    await self.store.release_turn(item_job, entity, claims.me)
+                claims.turns.clear()
+        finally:
+            stop.detach()
+        found.update(applier.dispositions)
+        for message_id in lost_finish:  # looked at again later, whatever its outcome was
+            found[message_id] = Disposition(
+                "later", "lease lost", delay_s=settings.lease_s, counted=False
+            )
+        for item in worker.lost:
+            if item.message is not None:
+                found[item.message.message_id] = Disposition(
+                    "later", "lease lost", delay_s=settings.lease_s, counted=False
+                )
+        for received, _ in entries:
+            found.setdefault(received.message_id, _wait())
+        return found
+
+    async def _source(
+        self,
+        job: Task,
+        groups: dict[int, deque[Entry]],
+        claims: TaskClaims,
+        found: dict[str, Disposition],
+        finished: asyncio.Queue[int],
+        stop: StopToken,
+    ) -> AsyncIterator[Item]:
+        """Each entity's next task, once its last one has its outcome."""
+        active = 0
+        for entity in list(groups):
+            item = await self._next(job, entity, groups, claims, found)
+            if item is not None:
+                active += 1
+                yield item
+        while active and not stop.stopping:
+            done = await _next_finished(finished, stop)
+            if done is None:
+                return
+            item = await self._next(job, done, groups, claims, found)
+            if item is None:
+                active -= 1
+            else:
+                yield item
+
+    async def _next(
+        self,
+        job: Task,
+        entity: int,
+        groups: dict[int, deque[Entry]],
+        claims: TaskClaims,
+        found: dict[str, Disposition],
+    ) -> Item | None:
+        """Start the entity's next task of the batch; None when it has none it can run
+        now (each message left has its disposition then, and the turn is let go)."""
+        group = groups.get(entity)
+        serial = job.serial == "entity"
+        lease_s = self.w.settings.lease_s
+        while group:
+            received, message = group[0]
+            row = await self.store.get(job.name, message.key)
+            if row is None or row.entity_id != message.entity_id:
+                group.popleft()
+                found[received.message_id] = Disposition(
+                    "poison", f"poison: no task {message.key!r} for entity {message.entity_id}"
+                )
+                continue
+            if row.state.final:
+                group.popleft()
+                found[received.message_id] = Disposition("delete", counted=False)  # done
+                continue
+            if serial and (job.name, entity) not in claims.turns:
+                claims.young()
+                if not await self.store.take_turn(job.name, entity, claims.me, lease_s):
+                    break  # another process runs one of the entity's tasks now
+                claims.turns.add((job.name, entity))
+            if serial and await self.store.first_unfinished(job.name, entity) != message.key:
+                break  # an older task of the entity goes first
+            claims.young()
+            if not await self.store.start(row.id, claims.me, lease_s):
+                break  # another process runs it (its lease is live)
+            group.popleft()
+            claims.running[row.id] = (job.name, entity)
+            return _item(job, row, received, message)
+        for received, _ in group or ():
+            found.setdefault(received.message_id, _wait())
+        if group is not None:
+            group.clear()
+        if (job.name, entity) in claims.turns:
+            claims.turns.discard((job.name, entity))
+            await self.store.release_turn(job.name, entity, claims.me)
+        return None
+
+
+def _item(job: Task, row: TaskRow, received: Received, message: QueueMessage) -> Item:
+    return Item(
+        Scope(job.name, "", ""),
+        row.entity_id,
+        attempts=row.attempts,
+        message=received,
+        payload=TaskItem(row.entity_id, message.key, row.data),
+        key=f"{job.name}:{message.key}",  # the task's idempotency key
+        task_id=row.id,
+    )
+
+
+def _task_state(outcome: Outcome) -> TaskState:
+    return {
+        State.SENT: TaskState.SUCCEEDED,
+        State.SKIPPED: TaskState.SUCCEEDED,
+        State.FAILED: TaskState.DEAD,
+    }.get(outcome.state, TaskState.FAILED)
+
+
+def _wait(around_s: float = TURN_WAIT_S) -> Disposition:
+    delay = around_s * random.uniform(0.5, 1.5)
+    return Disposition("later", WAITING, delay_s=delay, counted=False, keep=True)
+
+
+async def _next_finished(finished: asyncio.Queue[int], stop: StopToken) -> int | None:
+    """The next entity whose task left the worker, or None once ``stop`` is stopping."""
+    if not finished.empty():
+        return finished.get_nowait()
+    task = asyncio.ensure_future(finished.get())
+    stopping = asyncio.ensure_future(stop.wait_stopping())
+    try:
+        await asyncio.wait([task, stopping], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await stopping
+    if task.done():
+        return task.result()
+    task.cancel()
+    return None
