@@ -209,7 +209,7 @@ async def _http(
 
     current = settings
 
-    async def suppress(request: unsubscribe.Request) -> bool:
+    async def suppress(request: unsubscribe.UnsubscribeRequest) -> bool:
         nonlocal applied, current
         if current.db_secret_arn:  # a GET or a bad token never fetches the secret
             url = await database_url(current.db_secret_arn, current.extra)

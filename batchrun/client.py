@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from batchrun.db.base import Database
 from batchrun.db.base import connect as connect_db
 from batchrun.job import Job
-from batchrun.queue.base import RetryQueue, from_url
+from batchrun.queue.base import WorkQueue, from_url
 from batchrun.registry import discover, parse_specs
 from batchrun.settings import Settings
 from batchrun.tasks.submit import Submitted, submit, task_job
@@ -38,7 +38,7 @@ class Client:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._db: Database | None = None
-        self._queue: RetryQueue | None = None
+        self._queue: WorkQueue | None = None
         self._opening = asyncio.Lock()
 
     def submit(
@@ -71,7 +71,7 @@ class Client:
         db, queue = await self._open()
         return await submit(db, queue, task, entity_id, data, key)
 
-    async def _open(self) -> tuple[Database, RetryQueue]:
+    async def _open(self) -> tuple[Database, WorkQueue]:
         async with self._opening:
             if self._db is None or self._queue is None:
                 db = await connect_db(self.settings.db_url, pool_size=2)

@@ -56,7 +56,7 @@ class Fail(Verdict):
     """Fail this entity for good (dead-lettered, listed by ``batchrun status``)."""
 
 
-class Database(Protocol):
+class ContextDb(Protocol):
     """``ctx.db``: the job's database, with ``:name`` parameters always bound by the driver.
 
     A list parameter expands for ``IN :ids``.
@@ -69,7 +69,7 @@ class Database(Protocol):
     async def execute(self, sql: str, /, **params: Any) -> int: ...
 
 
-class Effects(Protocol):
+class ContextEffects(Protocol):
     """What the runtime lends a context: the mail path, the suppression list, the counters."""
 
     async def send_email(self, ctx: Context, **fields: Any) -> None: ...
@@ -94,8 +94,8 @@ class Context:
         self,
         job: Job,
         period: Period,
-        db: Database,
-        effects: Effects,
+        db: ContextDb,
+        effects: ContextEffects,
         *,
         dry_run: bool = False,
         env: Mapping[str, str] | None = None,
@@ -273,8 +273,8 @@ class Job:
 __all__ = [
     "NAME",
     "Context",
-    "Database",
-    "Effects",
+    "ContextDb",
+    "ContextEffects",
     "Fail",
     "Job",
     "Retry",

@@ -45,7 +45,7 @@ _TOKEN = re.compile(rf"([A-Za-z0-9_-]+)\.([A-Za-z0-9_-]{{{_MAC_CHARS}}})")
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class UnsubscribeRequest:
     """What a verified token asks: stop mailing ``address`` (it came from ``job``'s email)."""
 
     job: str
@@ -89,7 +89,7 @@ class Signer:
             raise ConfigError("BATCHRUN_UNSUBSCRIBE_URL is not set")
         return f"{self.base_url}/{self.token(job, address)}"
 
-    def verify(self, token: str) -> Request:
+    def verify(self, token: str) -> UnsubscribeRequest:
         """The request a genuine token makes; InvalidTokenError for any other text."""
         match = _TOKEN.fullmatch(token) if len(token) <= MAX_TOKEN_CHARS else None
         if match is None:
@@ -104,7 +104,7 @@ class Signer:
         job, sep, address = text.partition(":")
         if not sep or not job or not address:
             raise InvalidTokenError()
-        return Request(job, address)
+        return UnsubscribeRequest(job, address)
 
     def mac(self, payload: bytes) -> bytes:
         """The token's second part for ``payload`` (its first): unpadded URL-safe base64."""
@@ -126,7 +126,7 @@ def token_of(text: str) -> str:
     return text
 
 
-async def apply(store: Store, request: Request) -> bool:
+async def apply(store: Store, request: UnsubscribeRequest) -> bool:
     """Suppress the request's address (reason ``unsubscribe``, source the job); whether it
     was not suppressed before. Applying a token twice changes nothing."""
     return await store.suppress(request.address, reason="unsubscribe", source=request.job)
@@ -160,7 +160,10 @@ HTTP_HEADERS = {
 
 
 async def respond(
-    method: str, path: str, signer: Signer, suppress: Callable[[Request], Awaitable[bool]]
+    method: str,
+    path: str,
+    signer: Signer,
+    suppress: Callable[[UnsubscribeRequest], Awaitable[bool]],
 ) -> Response:
     """Answer ``method`` on ``path`` (``.../TOKEN``): POST suppresses the token's address
     (200), GET shows a confirm button; a bad token gets 400 and a page that names nobody.

@@ -15,11 +15,11 @@ import aioboto3
 import pytest
 from aws_server import REGION, MotoServer, answer_with, moto_raw_messages
 from conftest import card_counts, eligible_ids, query, seed_users, status_of
+from periods import month
 from smtp_server import SmtpTestServer
 
 from batchrun.db import Store, connect
 from batchrun.jobs.birthday import Birthday
-from batchrun.jobs.month import Month
 from batchrun.mail.base import Mailer, Message, valid_address
 from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.period import Unit
@@ -30,7 +30,7 @@ from batchrun.settings import Settings
 
 UNITS: dict[str, Unit] = {"birthday": "month"}  # jobs a consumer parses bodies for
 
-JUNE = Month(2025, 6)
+JUNE = month(2025, 6)
 SENDER = "birthday@example.com"
 
 
@@ -170,14 +170,14 @@ async def test_throttled_and_failing_ses_ends_with_one_card_and_one_message_each
     assert summary.throttles == fates["throttled"]
     assert summary.failed == summary.queued_for_retry > 0
     assert summary.exit_code == 3
-    status = await status_of(job, Month(2025, 6))
+    status = await status_of(job, month(2025, 6))
     assert all("throttl" not in str(p[3]).lower() for p in status.problems), (
         "throttling must never count as the user failing"
     )
 
     result = await job.retry(Options(concurrency=10))
     assert result.remaining == 0 and result.succeeded >= summary.queued_for_retry
-    status = await status_of(job, Month(2025, 6))
+    status = await status_of(job, month(2025, 6))
     assert status.pending == 0 and status.emails_sent == len(want)
     assert card_counts(mysql_url, 2025) == dict.fromkeys(want, 1)
     assert ses_per_user(moto_server, mysql_url) == Counter(dict.fromkeys(want, 1))
@@ -205,7 +205,7 @@ async def test_a_user_always_failing_reaches_the_dead_letter_queue(
     assert job.queue.max_receives == 3  # type: ignore[union-attr]  # from the redrive policy
     result = await job.retry()
     assert (result.processed, result.dead_lettered, result.remaining) == (3, 1, 0)
-    status = await status_of(job, Month(2025, 6))
+    status = await status_of(job, month(2025, 6))
     assert status.failed_permanent == 1 and status.pending == 0
     (problem,) = [p for p in status.problems if p[0] == victim]
     assert "gave up after 3 attempts" in str(problem[3])
@@ -288,7 +288,7 @@ async def test_sqs_down_mid_run_loses_no_failure(
         summary = await job.run(JUNE, Options(concurrency=10))
         assert summary.not_queued == len(failing) and summary.queued_for_retry == 0
         assert summary.exit_code == 3
-        status = await status_of(job, Month(2025, 6))
+        status = await status_of(job, month(2025, 6))
         assert status.retrying == len(failing), "the failures stay in the ledger"
 
         server.start()  # the queue is back (moto keeps its state in this process)
@@ -296,7 +296,7 @@ async def test_sqs_down_mid_run_loses_no_failure(
         result = await job.retry(Options(concurrency=10))
         assert result.requeued == len(failing)
         assert result.succeeded == len(failing) and result.remaining == 0
-        status = await status_of(job, Month(2025, 6))
+        status = await status_of(job, month(2025, 6))
         assert status.pending == 0 and status.emails_sent == len(want)
         assert card_counts(mysql_url, 2025) == dict.fromkeys(want, 1)
     finally:

@@ -18,16 +18,16 @@ from conftest import (
     status_of,
     table_digest,
 )
+from periods import month
 from smtp_server import SmtpTestServer
 
 from batchrun.db import Store
 from batchrun.db.store import State, now_ms
 from batchrun.jobs.birthday import Birthday
-from batchrun.jobs.month import Month
 from batchrun.mail.base import valid_address
 from batchrun.runtime import Options, Runtime
 
-JUNE = Month(2025, 6)
+JUNE = month(2025, 6)
 
 
 def valid_eligible(db_url: str, month: int = 6) -> set[int]:
@@ -122,7 +122,7 @@ async def test_temporary_failures_exit_3_and_retry_completes_the_month(
     assert summary.exit_code == 3
     assert summary.queued_for_retry == summary.failed == len(failing)
     assert summary.emails_sent == len(want) - len(failing)
-    status = await status_of(job, Month(2025, 6))
+    status = await status_of(job, month(2025, 6))
     assert status.pending == len(failing)
     assert (await job.queue.depths())[0] == len(failing)  # type: ignore[union-attr]
 
@@ -130,7 +130,7 @@ async def test_temporary_failures_exit_3_and_retry_completes_the_month(
     result = await job.retry(Options(concurrency=20))
     assert (result.processed, result.succeeded, result.failed) == (len(failing),) * 2 + (0,)
     assert result.remaining == 0 and result.exit_code == 0
-    status = await status_of(job, Month(2025, 6))
+    status = await status_of(job, month(2025, 6))
     assert (status.pending, status.emails_sent) == (0, len(want))
     assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
     assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
@@ -154,7 +154,7 @@ async def test_permanent_failure_is_recorded_dead_lettered_and_never_retried(
     summary = await job.run(JUNE, Options(concurrency=5))
     assert (summary.failed, summary.dead_lettered, summary.queued_for_retry) == (1, 1, 0)
     assert summary.exit_code == 0
-    status = await status_of(job, Month(2025, 6))
+    status = await status_of(job, month(2025, 6))
     assert status.failed_permanent == 1 and status.pending == 0
     assert [(p[0], p[1]) for p in status.problems if p[1] == State.FAILED] == [(uid, 4)]
     assert "550" in str(status.problems[0][3]) or any("550" in str(p[3]) for p in status.problems)
@@ -183,7 +183,7 @@ async def test_a_user_failing_every_time_is_dead_lettered_after_max_receives(
     assert summary.queued_for_retry == 1
     result = await job.retry()  # backoff is 0 in tests: one drain sees every attempt
     assert result.processed == 3 and result.dead_lettered == 1 and result.succeeded == 0
-    status = await status_of(job, Month(2025, 6))
+    status = await status_of(job, month(2025, 6))
     assert status.failed_permanent == 1 and status.pending == 0
     reason = next(p[3] for p in status.problems if p[0] == uid)
     assert "gave up after 3 attempts" in reason and "451" in reason
@@ -205,7 +205,7 @@ async def test_invalid_addresses_are_skipped_counted_and_not_retried(
     assert summary.skipped >= 3 and summary.exit_code == 0
     counts = card_counts(db_url, 2025)
     assert all(uid not in counts for uid in ids)
-    status = await status_of(job, Month(2025, 6))
+    status = await status_of(job, month(2025, 6))
     assert {p[0] for p in status.problems if p[1] == State.SKIPPED} >= set(ids)
     assert status.pending == 0
     assert (await job.retry()).processed == 0
@@ -254,7 +254,7 @@ async def test_mail_server_down_trips_the_breaker_and_loses_nothing(
     up: Runtime = await make_job(db_url, mail_url=smtp_server.url)
     result = await up.retry(Options(concurrency=20))
     assert result.failed == 0 and result.remaining == 0
-    status = await status_of(up, Month(2025, 6))
+    status = await status_of(up, month(2025, 6))
     assert status.pending == 0
     assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
     assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))

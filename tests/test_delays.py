@@ -26,7 +26,7 @@ from batchrun.db import Store, connect
 from batchrun.jobs.birthday import Birthday
 from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.pipeline.run import Options
-from batchrun.queue.base import RetryQueue
+from batchrun.queue.base import WorkQueue
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.queue.sqs import MAX_DELAY_S, delay_seconds
 from batchrun.registry import discover
@@ -85,7 +85,7 @@ async def make_runtime(
     """Factory: ``make_runtime(job, queue=None, **settings)`` on the migrated ``store``."""
     mailers: list[Any] = []
 
-    def make(job: batchrun.Job, queue: RetryQueue | None = None, **overrides: Any) -> Runtime:
+    def make(job: batchrun.Job, queue: WorkQueue | None = None, **overrides: Any) -> Runtime:
         settings = make_settings(store.db.url, **overrides)
         mailer = mailer_from_url(settings.mail_url, timeout=2.0)
         mailers.append(mailer)

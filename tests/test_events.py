@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from aws_server import HOST, MotoServer, aws_client, make_queue_with_dlq
 from conftest import query, run_cli, seed_users
+from periods import month
 
 from batchrun import aws_lambda
 from batchrun.db import Store, connect
@@ -21,7 +22,6 @@ from batchrun.db.store import State, address_key
 from batchrun.errors import SendingStoppedError
 from batchrun.events import ses as events
 from batchrun.jobs.birthday import Birthday
-from batchrun.jobs.month import Month
 from batchrun.mail.base import valid_address
 from batchrun.mail.message import Message
 from batchrun.mail.ses import SesMailer
@@ -29,7 +29,7 @@ from batchrun.queue.sqs import SqsQueue
 from batchrun.runtime import Options, Runtime
 
 SES = Path(__file__).parent / "events" / "ses"
-JUNE = Month(2025, 6)
+JUNE = month(2025, 6)
 SES_ID = "0100017fb1a2c3d4-SESID-000000"
 
 

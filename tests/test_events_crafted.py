@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from aws_server import MotoServer, aws_client, make_queue_with_dlq
 from conftest import query, run_cli, seed_users
+from periods import month
 from test_events import FakeContext, mailed, mailed_run, sample
 
 from batchrun import aws_lambda
@@ -22,11 +23,10 @@ from batchrun.db.store import State
 from batchrun.errors import DatabaseError
 from batchrun.events import ses as events
 from batchrun.jobs.birthday import Birthday
-from batchrun.jobs.month import Month
 from batchrun.queue.base import Received
 from batchrun.runtime import Options
 
-JUNE = Month(2025, 6)
+JUNE = month(2025, 6)
 EVENTS_ARN = "arn:aws:sqs:us-east-1:123456789012:batchrun-ses-events"
 RETRY_ARN = "arn:aws:sqs:us-east-1:123456789012:batchrun-retry"
 TOPIC = "arn:aws:sns:us-east-1:123456789012:batchrun-ses-events"

@@ -42,6 +42,7 @@ from conftest import (
     seed_users,
 )
 from conftest import status_of as status_of_rt
+from periods import month
 from smtp_server import SmtpTestServer
 
 from batchrun import aws_lambda
@@ -49,7 +50,6 @@ from batchrun.db import Store
 from batchrun.db.store import State
 from batchrun.job import Context
 from batchrun.jobs.birthday import Birthday
-from batchrun.jobs.month import Month
 from batchrun.mail.base import MAX_NAME_CHARS, valid_address
 from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.period import Unit
@@ -420,13 +420,13 @@ async def test_a_dead_runs_claims_expiring_while_a_page_is_prepared_are_still_do
     queue = queue_from_url(None, db=store.db, max_receives=5)
     try:
         summary = await Runtime(SlowCards(), store, mailer, queue, settings).run(
-            Month(2025, 6), Options(concurrency=10)
+            month(2025, 6), Options(concurrency=10)
         )
     finally:
         await mailer.close()
     assert smtp_server.sends_per_user(2025) == Counter(dict.fromkeys(want, 1)), summary
     rt = Runtime(Birthday(), store, None, None, settings)
-    assert (await status_of_rt(rt, Month(2025, 6))).pending == 0
+    assert (await status_of_rt(rt, month(2025, 6))).pending == 0
 
 
 # -- 2. the database connection killed mid-run ---------------------------------------------

@@ -24,11 +24,11 @@ from conftest import (
     seed_users,
     table_digest,
 )
+from periods import month
 
 from batchrun.db import Store, connect
 from batchrun.errors import NotMigratedError
 from batchrun.jobs.birthday import Birthday, demo
-from batchrun.jobs.month import Month
 from batchrun.runtime import Options
 
 BATCHRUN_TABLES = {
@@ -344,12 +344,12 @@ async def test_job_runs_on_the_migrated_application_database(
     await migrate(db_url)
     legacy = query(db_url, f"SELECT {CARD_COLUMNS} FROM gift_card ORDER BY id")
     users_before, _ = app_digests(db_url)
-    month = 6
-    expected = eligible_ids(db_url, month)
+    number = 6
+    expected = eligible_ids(db_url, number)
     assert len(expected) >= 5
 
     job = await make_job(db_url)
-    summary = await job.run(Month(2025, month), Options(concurrency=4, page_size=3))
+    summary = await job.run(month(2025, number), Options(concurrency=4, page_size=3))
     assert summary.eligible == len(expected)
     assert summary.emails_sent == summary.cards_created == len(expected)
     assert summary.failed == 0
@@ -417,7 +417,7 @@ async def test_migrate_empty_database_then_job_works(
     assert valid
 
     job = await make_job(db_url)
-    summary = await job.run(Month(2025, 9), Options(concurrency=8))
+    summary = await job.run(month(2025, 9), Options(concurrency=8))
     assert summary.eligible == len(expected)
     assert summary.skipped == len(expected - valid)
     assert summary.emails_sent == summary.cards_created == len(valid)
@@ -459,8 +459,8 @@ async def test_page_query_uses_index_on_mysql(mysql_url: str) -> None:
         columns = _explain_columns(mysql_url)
         table_at, key_at = columns.index("table"), columns.index("key")
         rows_at = columns.index("rows")
-        for month in (1, 6, 12):
-            rows = await demo.explain(store.jobdb, Month(2025, month))
+        for number in (1, 6, 12):
+            rows = await demo.explain(store.jobdb, month(2025, number))
             plan = [tuple(r.values()) for r in rows]
             users = [row for row in plan if row[table_at] == "user"]
             assert len(users) == 1, plan
@@ -476,7 +476,7 @@ async def test_page_query_uses_index_on_sqlite(sqlite_url: str) -> None:
     try:
         store = Store(database)
         await seed_users(store, 2000, seed=5)
-        plan = [tuple(r.values()) for r in await demo.explain(store.jobdb, Month(2025, 6))]
+        plan = [tuple(r.values()) for r in await demo.explain(store.jobdb, month(2025, 6))]
     finally:
         await database.close()
     details = [str(row[-1]) for row in plan]

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 from conftest import pg_connect, query, run_cli
+from periods import month
 
 from batchrun.cli.explain import verdict
 from batchrun.db import Store, connect
 from batchrun.db.sql import Queries
 from batchrun.errors import DatabaseError
 from batchrun.jobs.birthday import Birthday, demo
-from batchrun.jobs.month import Month
 
 INDEX = "idx_user_birth_month_status_id"
 ROWS = 200_000
@@ -170,8 +170,8 @@ async def test_the_page_query_reads_one_month_from_the_expression_index(
         store = Store(database)
         await store.migrate([Birthday()])
         query(postgres_url, 'ANALYZE "user"')
-        for month in (1, 6, 12):
-            rows = await demo.explain(store.jobdb, Month(2025, month))
+        for number in (1, 6, 12):
+            rows = await demo.explain(store.jobdb, month(2025, number))
             plan = "\n".join(str(next(iter(r.values()))) for r in rows)
             assert f"Index Scan using {INDEX}" in plan, plan
             assert "Seq Scan" not in plan and "Sort" not in plan, plan  # ORDER BY id: the index

@@ -26,6 +26,7 @@ import pytest
 from aws_server import MotoServer, answer_with, aws_client
 from click.testing import Result
 from conftest import query, run_cli, seed_users
+from periods import month
 from smtp_server import SmtpTestServer
 from typer.testing import CliRunner
 
@@ -33,7 +34,6 @@ from batchrun.cli import app
 from batchrun.db import Store, connect
 from batchrun.errors import MailConnectionError, QueueError
 from batchrun.jobs.birthday import Birthday
-from batchrun.jobs.month import Month
 from batchrun.mail.file import FileMailer
 from batchrun.mail.ses import SesMailer
 from batchrun.mail.smtp import SmtpMailer
@@ -41,7 +41,7 @@ from batchrun.queue.sqs import SqsQueue
 from batchrun.runtime import Options, Runtime
 
 MONTH = "2025-06"
-JUNE = Month(2025, 6)
+JUNE = month(2025, 6)
 SENDER = "birthday@example.com"
 PASSWORD = "pre-flight-S3CRET"
 CLOSING = "421 4.3.2 Service shutting down"  # connection-level: feeds the breaker

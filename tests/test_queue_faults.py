@@ -12,20 +12,20 @@ import aioboto3
 import pytest
 from aws_server import MotoServer
 from conftest import query, run_cli, seed_users, table_digest
+from periods import month
 from smtp_server import SmtpTestServer, fail_recipients
 
 from batchrun.db import Store, connect
 from batchrun.db.store import State
 from batchrun.jobs.birthday import Birthday
-from batchrun.jobs.month import Month
 from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.queue import dead
 from batchrun.queue.base import QueueMessage
 from batchrun.queue.sqs import SqsQueue
 from batchrun.runtime import Options, Runtime
 
-APRIL = Month(2025, 4)
-DECEMBER = Month(2025, 12)
+APRIL = month(2025, 4)
+DECEMBER = month(2025, 12)
 
 
 def born_in(db_url: str, month: int) -> int:

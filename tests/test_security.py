@@ -38,6 +38,7 @@ import pytest
 from aws_server import MotoServer, aws_client, make_queue_with_dlq
 from cfnlint.decode import decode
 from conftest import MYSQL_URL, ROOT, card_counts, query, run_cli, seed_users, table_digest
+from periods import month
 from smtp_server import SmtpTestServer
 from test_faults import cli_env, summary_of, user_of
 
@@ -45,7 +46,6 @@ from batchrun import aws_lambda, codes
 from batchrun.db.sql import load
 from batchrun.errors import BatchrunError
 from batchrun.jobs.birthday import Birthday
-from batchrun.jobs.month import Month
 from batchrun.runtime import Options, Runtime
 from batchrun.runtime.resources import open_backends
 from batchrun.settings import Settings
@@ -129,7 +129,7 @@ def test_gift_codes_are_unique_in_the_database_and_a_lasting_collision_fails_cle
             await seed_users(backends.store, 300, seed=1)
             monkeypatch.setattr(codes, "new_codes", lambda n: ["TAKEN0TAKEN0TAKE"] * n)
             rt = Runtime(Birthday(), backends.store, backends.mailer, backends.queue, settings)
-            summary = await rt.run(Month(2025, 6), Options(limit=3))
+            summary = await rt.run(month(2025, 6), Options(limit=3))
             assert (summary.queued_for_retry, summary.emails_sent) == (3, 0), summary
         reasons = query(db_url, "SELECT last_error FROM batchrun_ledger")
         assert len(reasons) == 3
@@ -461,7 +461,7 @@ def test_no_secret_in_sqs_messages_logs_or_lambda_output(
         async with open_backends(settings, mail=True, queue=True, concurrency=4) as backends:
             job = Runtime(Birthday(), backends.store, backends.mailer, backends.queue, settings)
             with pytest.raises(BatchrunError) as refused:
-                await job.run(Month(2025, 7), Options(concurrency=4))
+                await job.run(month(2025, 7), Options(concurrency=4))
             assert_no_secret(str(refused.value), "the preflight's error", secrets)
         async with open_backends(
             settings_failing, mail=True, queue=True, concurrency=4
@@ -469,7 +469,7 @@ def test_no_secret_in_sqs_messages_logs_or_lambda_output(
             job = Runtime(
                 Birthday(), backends.store, backends.mailer, backends.queue, settings_failing
             )
-            await job.run(Month(2025, 7), Options(concurrency=4))
+            await job.run(month(2025, 7), Options(concurrency=4))
             await job.retry(Options(concurrency=4))
         wrong = settings.with_overrides(db_url=secret_db_url.rsplit("/", 1)[0] + "/nope_db")
         with pytest.raises(BatchrunError) as caught:

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 import aiomysql
 import pytest
 from conftest import birthday_scope, query, seed_users, status_of
+from periods import month
 
 from batchrun import codes
 from batchrun.db import Store, connect
@@ -18,7 +19,6 @@ from batchrun.db.store import Scope, State, now_ms
 from batchrun.effects.sending import Sender
 from batchrun.job import Context
 from batchrun.jobs.birthday import Birthday
-from batchrun.jobs.month import Month
 from batchrun.pipeline.reports import Summary
 from batchrun.queue.local import LocalQueue
 from batchrun.runtime import Runtime
@@ -38,7 +38,7 @@ async def birthday_rt(
     rt = Runtime(Birthday(), store, None, None, Settings(db_url=db_url))
     ctx = Context(
         rt.job,
-        Month(2025, 6),
+        month(2025, 6),
         store.jobdb,
         Sender(
             None,
@@ -184,7 +184,7 @@ async def test_status_counts_follow_the_ledger(store: Store, db_url: str) -> Non
     await store.finish(scope, ids=ids[3:4], me="m", state=State.SKIPPED, error="bad")
     await store.finish(scope, ids=ids[4:5], me="m", state=State.FAILED, error="550")
     await store.finish(scope, ids=ids[5:6], me="m", state=State.RETRYING, error="451")
-    status = await status_of(rt, Month(2025, 3))
+    status = await status_of(rt, month(2025, 3))
     assert (status.emails_sent, status.skipped, status.failed_permanent, status.retrying) == (
         3,
         1,

@@ -11,13 +11,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from periods import current_month, month, parse_month
 
 from batchrun import codes
 from batchrun.db.sql import Queries, load, migration_steps, parse
 from batchrun.errors import ConfigError
 from batchrun.jobs.birthday import Birthday
-from batchrun.jobs.month import Month, parse_month
-from batchrun.period import Unit
+from batchrun.period import Period, Unit
 from batchrun.queue import base as queue_base
 from batchrun.queue.base import MAX_BODY, PoisonMessage, QueueMessage, backoff_s
 from batchrun.settings import DEFAULT_DB, DEFAULT_FROM, DEFAULT_MAIL, Settings
@@ -77,32 +77,32 @@ def test_parse_month_invalid(text: str) -> None:
 
 
 def test_month_orders_and_prints() -> None:
-    assert Month(2024, 12) < Month(2025, 1) < Month(2025, 2)
-    assert str(Month(987, 3)) == "0987-03"
+    assert month(2024, 12) < month(2025, 1) < month(2025, 2)
+    assert str(month(987, 3)) == "0987-03"
 
 
 @pytest.mark.parametrize(
     ("now", "expected"),
     [
-        (datetime(2025, 6, 15, 12, 0, tzinfo=UTC), Month(2025, 6)),
-        (datetime(2025, 12, 31, 23, 59, 59, tzinfo=UTC), Month(2025, 12)),
-        (datetime(2026, 1, 1, 0, 0, tzinfo=UTC), Month(2026, 1)),
+        (datetime(2025, 6, 15, 12, 0, tzinfo=UTC), month(2025, 6)),
+        (datetime(2025, 12, 31, 23, 59, 59, tzinfo=UTC), month(2025, 12)),
+        (datetime(2026, 1, 1, 0, 0, tzinfo=UTC), month(2026, 1)),
     ],
 )
-def test_month_current_with_fixed_time(now: datetime, expected: Month) -> None:
-    assert Month.current(now) == expected
+def test_month_current_with_fixed_time(now: datetime, expected: Period) -> None:
+    assert current_month(now) == expected
 
 
 def test_month_current_defaults_to_utc_now() -> None:
     before = datetime.now(UTC)
-    got = Month.current()
+    got = current_month()
     after = datetime.now(UTC)
-    assert got in {Month(before.year, before.month), Month(after.year, after.month)}
+    assert got in {month(before.year, before.month), month(after.year, after.month)}
 
 
 def test_month_current_converts_aware_time_to_utc() -> None:
     plus_two = timezone(timedelta(hours=2))
-    assert Month.current(datetime(2026, 1, 1, 1, 0, tzinfo=plus_two)) == Month(2025, 12)
+    assert current_month(datetime(2026, 1, 1, 1, 0, tzinfo=plus_two)) == month(2025, 12)
 
 
 # -- gift codes ------------------------------------------------------------------------------

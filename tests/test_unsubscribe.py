@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from click.testing import Result
 from conftest import card_counts, eligible_ids, query, seed_users, status_of, table_digest
+from periods import month
 from smtp_server import SmtpTestServer, fail_recipients
 from typer.testing import CliRunner
 
@@ -31,14 +32,13 @@ from batchrun.effects.sending import Sender
 from batchrun.errors import ConfigError, InvalidTokenError, UsageError
 from batchrun.job import Context, Skip
 from batchrun.jobs.birthday import Birthday
-from batchrun.jobs.month import Month
 from batchrun.mail.base import Message, valid_address
 from batchrun.runtime import Options, Runtime
 from batchrun.settings import Settings
 from batchrun.unsubscribe import Signer, apply, token_of
 
 EVENTS = Path(__file__).parent / "events"
-JUNE = Month(2025, 6)
+JUNE = month(2025, 6)
 SECRET = "test-secret-0123456789abcdefghij"
 BASE = "https://abcdefghij1234567890abcdefghij12.lambda-url.us-east-1.on.aws/unsubscribe"
 UNSUBSCRIBE = {"unsubscribe_url": BASE, "unsubscribe_secret": SECRET}

@@ -57,7 +57,9 @@ def error_line(text: str) -> Text:
 
 
 @dataclass
-class Context:
+class Invocation:
+    """What every command of one ``batchrun`` invocation shares: its settings and -v."""
+
     settings: Settings
     verbose: int
     _registry: Registry | None = None
@@ -187,7 +189,7 @@ def main_options(
     except BatchrunError as exc:
         stderr.print(error_line(str(exc)), highlight=False)
         raise typer.Exit(exc.exit_code) from None
-    ctx.obj = Context(settings, verbose)
+    ctx.obj = Invocation(settings, verbose)
     _setup_logging(verbose)
 
 
@@ -243,7 +245,7 @@ def rate_option(value: str | None) -> float | Literal["auto"] | None:
         raise typer.BadParameter(str(exc), param_hint="--rate") from None
 
 
-def error_text(context: Context, exc: BaseException) -> str:
+def error_text(context: Invocation, exc: BaseException) -> str:
     """The one line an error is told in: its message, every URL's password masked; an
     error batchrun did not expect is named by its type too."""
     settings = context.settings
@@ -256,7 +258,7 @@ def error_text(context: Context, exc: BaseException) -> str:
 def run_command(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]) -> None:
     """Run a command's coroutine; turn an error into one line and its exit code (1 for an
     error batchrun did not expect), the traceback only with -v."""
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     try:
         code = asyncio.run(make())
     except KeyboardInterrupt:

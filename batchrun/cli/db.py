@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from batchrun.cli import explain
-from batchrun.cli.app import Context, db_app, period_option, run_command
+from batchrun.cli.app import Invocation, db_app, period_option, run_command
 from batchrun.cli.conventions import examples, print_pairs, say, stderr, stdout
 from batchrun.db import ddl
 from batchrun.db.sqlite import sqlite_path
@@ -61,7 +61,7 @@ def db_migrate(
 
     On MySQL/MariaDB every change to an existing table is made online (see --plan).
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     if as_json and not plan:
         raise typer.BadParameter("--json goes with --plan", param_hint="--json")
 
@@ -137,7 +137,7 @@ def db_seed(
 ) -> None:
     """Add deterministic demo users for the birthday job (a few inactive, a few without or
     with invalid addresses)."""
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
 
     async def go() -> int:
         async with open_backends(context.settings) as backends:
@@ -196,7 +196,7 @@ def db_explain(
     For birthday: ok when it uses idx_user_birth_month_status_id, in id order. For any
     other job, the queries its page() runs through ctx.db are explained, not run.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
 
     async def go() -> int:
         entry = context.registry.entry(job)

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, stderr, stdout
 from batchrun.errors import UsageError
 from batchrun.queue import dead as dead_letters
@@ -47,7 +47,7 @@ def dead_list(
     Example:
       batchrun dead list --json
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
 
     async def go() -> int:
         async with open_backends(context.settings, queue=True) as backends:
@@ -95,7 +95,7 @@ def dead_redrive(
     The entities they name get their attempts back (failed for good -> retrying), so the
     next consumer works them again. Give --id (repeatable) or --all.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
 
     async def go() -> int:
         if bool(ids) == every:
@@ -139,7 +139,7 @@ def dead_purge(
     Example:
       batchrun dead purge --yes
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
 
     async def go() -> int:
         if not yes:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from batchrun.cli.app import Context, app, error_line, run_command
+from batchrun.cli.app import Invocation, app, error_line, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.output import table
 from batchrun.control.runrecord import RunRecord
@@ -53,7 +53,7 @@ def events(
     With BATCHRUN_EVENTS_TOPIC (an SNS topic ARN) set, only notifications from that topic
     are applied; the others are dead-lettered.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     settings = context.settings
 
     async def go() -> int:

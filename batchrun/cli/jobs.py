@@ -12,9 +12,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from batchrun.cli.app import Context, app, error_text, period_option, rate_option, run_command
+from batchrun.cli.app import Invocation, app, error_text, period_option, rate_option, run_command
 from batchrun.cli.conventions import examples, print_table, say, stderr
-from batchrun.cli.output import ASKED, Bar, Month, progress_bar, table
+from batchrun.cli.output import ASKED, Bar, MonthTally, progress_bar, table
 from batchrun.control.runrecord import RunRecord
 from batchrun.period import Period
 from batchrun.pipeline import engine
@@ -154,7 +154,7 @@ def run(
     _run_job(ctx, job, period, options, dry_run, as_json, fan_out, shard_size)
 
 
-def _period_of(context: Context, name: str, period: Period | str | None) -> Period:
+def _period_of(context: Invocation, name: str, period: Period | str | None) -> Period:
     if isinstance(period, Period):
         return period
     job = context.registry.get_job(name)
@@ -171,7 +171,7 @@ def _run_job(
     fan_out: str | None,
     shard_size: int,
 ) -> None:
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     settings = context.settings
 
     async def go() -> int:
@@ -192,7 +192,7 @@ def _run_job(
                 jobs=[entry.job],
             ) as backends:
                 runtime = context.runtime(backends, stop)
-                month: Month | None = None
+                month: MonthTally | None = None
                 # a dry run writes nothing, not even its history row
                 record = (
                     None if dry_run else RunRecord(runtime, kind="run", job=name, period=str(which))
@@ -200,7 +200,7 @@ def _run_job(
                 with progress_bar(as_json, f"{name} {which}") as bar:
                     async with record or contextlib.nullcontext():
                         if not as_json:
-                            month = Month.of(await runtime.status(name, which, problems=0))
+                            month = MonthTally.of(await runtime.status(name, which, problems=0))
                         if month is not None:
                             bar.set_total(month.bar_total(options.limit), month.done_before)
                         options.on_progress = bar.advance
@@ -277,7 +277,7 @@ def show_paused(runtime: Runtime, bar: Bar, job: str, period: str) -> None:
 
 
 async def _fan_out(
-    context: Context, name: str, which: Period, queue_url: str, shard_size: int, as_json: bool
+    context: Invocation, name: str, which: Period, queue_url: str, shard_size: int, as_json: bool
 ) -> int:
     settings = context.settings
     entry = context.registry.entry(name)
@@ -305,7 +305,7 @@ async def _fan_out(
 )
 def jobs(ctx: typer.Context, as_json: Json = False) -> None:
     """List the jobs batchrun knows: built-in, --jobs and the batchrun.jobs entry points."""
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
 
     async def go() -> int:
         described = context.registry.describe()
@@ -356,7 +356,7 @@ def preview(
 
     Nothing is claimed, written or sent: iterate on a template's copy with it.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     settings = context.settings
 
     async def go() -> int:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.errors import UsageError
 from batchrun.runtime.resources import open_backends
@@ -40,7 +40,7 @@ def metrics_command(
     batchrun_last_success_timestamp_seconds{job}, batchrun_run_duration_seconds{job}.
     Alert on time() - batchrun_last_success_timestamp_seconds for "the job did not run".
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     settings = context.settings
 
     async def go() -> int:

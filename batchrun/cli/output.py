@@ -67,14 +67,14 @@ class Bar:
 
 
 @dataclass(frozen=True)
-class Month:
+class MonthTally:
     """How much of a job's period is done, from ``status`` before a run: the bar's total."""
 
     done_before: int  # done, skipped or failed for good by earlier runs
     pending: int  # still to do: never touched, claimed or retrying
 
     @classmethod
-    def of(cls, counts: dict[str, Any]) -> Month | None:
+    def of(cls, counts: dict[str, Any]) -> MonthTally | None:
         """None when the job's status does not count what is pending."""
         pending = counts.get("pending")
         if not isinstance(pending, int):

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from batchrun.cli.app import Context, app, error_text, rate_option, run_command
+from batchrun.cli.app import Invocation, app, error_text, rate_option, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.output import ASKED, table
 from batchrun.control.runrecord import RunRecord
@@ -73,7 +73,7 @@ def worker(
     one line naming the job (give its module with --jobs). The same error for
     BATCHRUN_BUG_THRESHOLD entities in a row (a bug in a job) stops it with exit 1.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     settings = context.settings
     pace = rate_option(rate)
 
@@ -154,7 +154,7 @@ def retry(
     module with --jobs (`batchrun --jobs myjobs.py retry`). On an error, one `error:` line
     (and with --json an object with an "error" key), exit 1.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     settings = context.settings
     pace = rate_option(rate)
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, print_table, stdout
 from batchrun.control.history import History, iso
 from batchrun.control.steering import Control, Controls
@@ -86,7 +86,7 @@ def runs(
     A run whose heartbeat stopped without an end (kill -9, a lost host) reads `crashed`
     once its lease has passed.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     settings = context.settings
     start = since_ms(since)
 
@@ -124,7 +124,7 @@ def runs(
     run_command(ctx, go)
 
 
-async def overview(context: Context) -> dict[str, Any]:
+async def overview(context: Invocation) -> dict[str, Any]:
     """``status`` with no job: per job its last run, what runs now and whether it is
     paused; the runs serving every job; the queue depths."""
     settings = context.settings

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from batchrun.cli.app import Context, app, period_option, run_command
+from batchrun.cli.app import Invocation, app, period_option, run_command
 from batchrun.cli.conventions import examples, print_table, stderr, stdout
 from batchrun.cli.output import STATE_NAMES, table
 from batchrun.cli.runs import overview, print_overview
@@ -68,7 +68,7 @@ def status(
     With no job and a period: each job of that period whose tables are in the database, in
     turn (--json: the one job's object, or {"jobs": {name: object}} for several).
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     settings = context.settings
     if job is None and period is None and month is None:
         run_command(ctx, lambda: _overview(context, as_json))
@@ -129,7 +129,7 @@ def status(
     run_command(ctx, go)
 
 
-async def _overview(context: Context, as_json: bool) -> int:
+async def _overview(context: Invocation, as_json: bool) -> int:
     data = await overview(context)
     await _note_missing_tables(context)
     if as_json:
@@ -224,7 +224,7 @@ def _print(data: dict[str, Any]) -> None:
         )
 
 
-async def _note_missing_tables(context: Context) -> None:
+async def _note_missing_tables(context: Invocation) -> None:
     """A note for each job whose tables are not in this database (exit 0 all the same)."""
     entries = list(context.registry.values())
     async with open_backends(context.settings, jobs=[e.job for e in entries]) as backends:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.control.steering import Controls
 from batchrun.period import parse as parse_period
@@ -16,7 +16,7 @@ from batchrun.runtime.resources import open_backends
 JobArgument = Annotated[str, typer.Argument(help="The job's name (see `batchrun jobs`).")]
 
 
-def _period(context: Context, job: str, period: str | None) -> str | None:
+def _period(context: Invocation, job: str, period: str | None) -> str | None:
     """The period as the job writes it (2025-6 -> 2025-06); exit 2 when malformed or the
     job is unknown."""
     unit = context.registry.get_job(job).period
@@ -54,7 +54,7 @@ def pause(
     once and claims nothing (cron and the scheduled Lambda too); queue consumers leave its
     messages on the queue.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
 
     async def go() -> int:
         which = _period(context, job, period)
@@ -81,7 +81,7 @@ def resume(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) ->
     """Resume JOB (or one period of it) after `batchrun pause`: paused processes go on at
     their next heartbeat.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
 
     async def go() -> int:
         which = _period(context, job, period)
@@ -116,7 +116,7 @@ def cancel(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) ->
     they exit 130 (JSON `"stopped": "cancelled"`). Runs started afterwards are not
     affected (use `batchrun pause` to keep them from starting).
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
 
     async def go() -> int:
         which = _period(context, job, period)

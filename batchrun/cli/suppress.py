@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from batchrun import unsubscribe as unsubscribing
-from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, print_table, stderr
 from batchrun.db.store import REASONS, Reason, Suppression, address_key
 from batchrun.errors import ConfigError
@@ -81,7 +81,7 @@ def suppress_add(
     ] = False,
 ) -> None:
     """Stop every job mailing ADDR: a run skips it ("suppressed: REASON") before any effect."""
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     addr = _address(address)
     why = _reason(reason)
 
@@ -122,7 +122,7 @@ def suppress_remove(
     ] = False,
 ) -> None:
     """Take ADDR off the suppression list: jobs mail it again from their next run."""
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     addr = address_key(address.strip())
 
     async def go() -> int:
@@ -156,7 +156,7 @@ def suppress_list(
     ] = False,
 ) -> None:
     """List the suppression list in address order: address, reason, source, since when."""
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
 
     async def go() -> int:
         count = 0
@@ -217,7 +217,7 @@ def unsubscribe(
     reached you another way. Needs BATCHRUN_UNSUBSCRIBE_SECRET, the secret the email was
     signed with; a forged, altered or truncated token exits 2 and changes nothing.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     settings = context.settings
 
     async def go() -> int:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from batchrun.cli.app import Context, app, run_command
+from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.errors import UsageError
 from batchrun.period import parse as parse_period
@@ -22,7 +22,7 @@ STATUS_KEYS = ("pending", "running", "succeeded", "failed", "dead", "oldest_pend
 
 
 async def submit_task(
-    context: Context, job: Task, ids: list[int], key: str | None, data: str | None, as_json: bool
+    context: Invocation, job: Task, ids: list[int], key: str | None, data: str | None, as_json: bool
 ) -> int:
     """Queue one task of ``job``; print its key (or the JSON line). Refused with one line
     (exit 2) before anything is queued: data not a JSON object, over 200 KB, a bad key."""
@@ -53,7 +53,7 @@ async def submit_task(
     return 0
 
 
-async def task_status(context: Context, job: Task) -> dict[str, Any]:
+async def task_status(context: Invocation, job: Task) -> dict[str, Any]:
     """``status TASKJOB``: the tasks in each state now, and the oldest one's wait."""
     async with open_backends(context.settings, jobs=[job]) as backends:
         counts = await TaskStore(backends.store.db).counts(job.name)
@@ -101,7 +101,7 @@ def submit(
     at once, and an entity is done at most once per period: a second submit of a
     finished entity does nothing.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     settings = context.settings
 
     async def go() -> int:

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from batchrun.cli.app import Context, app
+from batchrun.cli.app import Invocation, app
 from batchrun.cli.conventions import examples, stderr
 from batchrun.errors import BatchrunError
 from batchrun.runtime.resources import open_backends
@@ -46,7 +46,7 @@ def ui(
     Authorization: Bearer, or through the login form), or it refuses to start. Needs
     `pip install 'batchrun\\[ui]'`.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     settings = context.settings
     token = settings.environ.get("BATCHRUN_UI_TOKEN") or None
     try:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from batchrun.cli.app import Context, app, period_option, run_command
+from batchrun.cli.app import Invocation, app, period_option, run_command
 from batchrun.cli.conventions import examples, print_table, stdout
 from batchrun.control import story
 from batchrun.runtime.resources import open_backends
@@ -38,7 +38,7 @@ def why(
     email and when it was accepted, bounces, complaints and unsubscribes, its messages on
     the retry or dead-letter queue, and the run that did each step. Reads only.
     """
-    context: Context = ctx.obj
+    context: Invocation = ctx.obj
     settings = context.settings
 
     async def go() -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from batchrun.db.store import Store
-from batchrun.queue.base import RetryQueue
+from batchrun.queue.base import WorkQueue
 
 STATE_NAMES = {0: "pending", 1: "sent", 2: "skipped", 3: "retrying", 4: "failed"}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -49,7 +49,7 @@ class Snapshot:
 
 
 async def collect(
-    store: Store, queue: RetryQueue | None, *, last_runs: Sequence[LastRun] = ()
+    store: Store, queue: WorkQueue | None, *, last_runs: Sequence[LastRun] = ()
 ) -> Snapshot:
     """Read the ledger's counts and the queue's depths now; ``last_runs`` from the history."""
     snapshot = Snapshot(last_runs=list(last_runs))

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from batchrun.control.steering import Steering
     from batchrun.db.store import Store
     from batchrun.pipeline.stop import StopToken
-    from batchrun.queue.base import RetryQueue
+    from batchrun.queue.base import WorkQueue
     from batchrun.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class Recorded(Protocol):
     """What a record needs of the process it records (the runtime has each)."""
 
     store: Store
-    queue: RetryQueue | None
+    queue: WorkQueue | None
     settings: Settings
     steering: Steering
     stop: StopToken

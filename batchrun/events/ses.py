@@ -40,7 +40,7 @@ from batchrun.db.store import MAX_ID, MAX_SOURCE_CHARS, Store, address_key, stor
 from batchrun.errors import DatabaseError
 from batchrun.mail.message import clean_text, valid_address
 from batchrun.pipeline.engine import StopToken
-from batchrun.queue.base import MAX_BODY, Received, RetryQueue
+from batchrun.queue.base import MAX_BODY, Received, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ async def apply_items(
 
 
 async def drain(
-    queue: RetryQueue,
+    queue: WorkQueue,
     store: Store,
     *,
     max_messages: int = 10_000,

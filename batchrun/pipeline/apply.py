@@ -33,7 +33,7 @@ from batchrun.db.store import Scope, State, Store
 from batchrun.errors import BatchrunError, QueueError
 from batchrun.pipeline.item import Item
 from batchrun.pipeline.outcomes import Outcome
-from batchrun.queue.base import QueueMessage, Received, RetryQueue
+from batchrun.queue.base import QueueMessage, Received, WorkQueue
 
 if TYPE_CHECKING:
     from batchrun.pipeline.lease import Lease
@@ -140,7 +140,7 @@ class LedgerWrites:
     def __init__(
         self,
         store: Store,
-        queue: RetryQueue | None,
+        queue: WorkQueue | None,
         lease: Lease,
         *,
         summary: Summary | None,
@@ -235,7 +235,7 @@ class LedgerWrites:
 
 
 async def settle_messages(
-    queue: RetryQueue,
+    queue: WorkQueue,
     items: Sequence[Received],
     dispositions: Mapping[str, Disposition],
     *,

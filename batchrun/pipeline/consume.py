@@ -5,7 +5,7 @@ SIGTERM) and the SQS-triggered Lambda (its batchItemFailures); each caller settl
 dispositions with ``apply.settle_messages``. What a message asks for:
 
 - a retry names one entity: it is re-checked through the job's page, claimed like any
-  other and worked by the same ``Worker``; an entity the page does not return (deleted,
+  other and worked by the same ``EntityWorker``; an entity the page does not return (deleted,
   deactivated, or a task for the wrong period) is dropped, counted ``not_eligible``, the
   ledger left as it was (it stays eligible for its own period);
 - a submitted task (``batchrun.Task``) goes through ``pipeline.tasks``: one entity's at a
@@ -38,7 +38,7 @@ from batchrun.pipeline.pager import prepare, recheck
 from batchrun.pipeline.road import each, travel
 from batchrun.pipeline.run import Options, run_period
 from batchrun.pipeline.wiring import Wiring
-from batchrun.pipeline.work import Worker
+from batchrun.pipeline.work import EntityWorker
 from batchrun.policy.bugs import BugStreak
 from batchrun.policy.pacing import BREAKER_REASON, CircuitBreaker
 from batchrun.policy.rate import AdaptiveRate
@@ -203,7 +203,7 @@ class Consumer:
                     self.w.store, self.w.queue, lease, summary=None, enqueue=False
                 )
                 applier = Applier(writes.write)
-                worker = Worker(
+                worker = EntityWorker(
                     job,
                     ctx,
                     lease=lease,

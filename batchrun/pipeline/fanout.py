@@ -11,13 +11,13 @@ from batchrun.pipeline.pager import page, unfinished
 from batchrun.pipeline.reports import FanOut
 from batchrun.pipeline.run import scope_of
 from batchrun.pipeline.wiring import Wiring
-from batchrun.queue.base import QueueMessage, RetryQueue
+from batchrun.queue.base import QueueMessage, WorkQueue
 
 SEND_BATCH = 10  # SQS's SendMessageBatch limit
 
 
 async def fan_out(
-    w: Wiring, stop: StopToken, job: Job, period: Period, queue: RetryQueue, *, shard_size: int
+    w: Wiring, stop: StopToken, job: Job, period: Period, queue: WorkQueue, *, shard_size: int
 ) -> FanOut:
     """Walk the job's pages (reads only) and queue ranges of ``shard_size`` unfinished
     entities; consumers work each range like a run."""

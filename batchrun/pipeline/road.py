@@ -1,7 +1,7 @@
-"""The road itself: items from a source, each worked by a ``Worker`` in a bounded pool,
+"""The road itself: items from a source, each worked by a ``EntityWorker`` in a bounded pool,
 its outcome applied; what was claimed and not worked comes back to the caller.
 
-    source (pager | messages | tasks) -> Runner(concurrency) -> Worker -> Applier
+    source (pager | messages | tasks) -> Runner(concurrency) -> EntityWorker -> Applier
 
 Every path drives it: a period run (the pager), a drain, a worker process and the
 Lambda's SQS consumer (retry messages; submitted tasks), so an entity is claimed, fenced,
@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 from batchrun.pipeline.engine import Progress, Runner, StopToken
 from batchrun.pipeline.item import Item
-from batchrun.pipeline.work import Worker
+from batchrun.pipeline.work import EntityWorker
 
 
 async def travel(
     source: AsyncIterator[Item],
-    worker: Worker,
+    worker: EntityWorker,
     *,
     concurrency: int,
     stop: StopToken,

@@ -30,7 +30,7 @@ from batchrun.pipeline.pager import LoadGate, Pager
 from batchrun.pipeline.reports import Summary
 from batchrun.pipeline.road import travel
 from batchrun.pipeline.wiring import Wiring
-from batchrun.pipeline.work import Worker
+from batchrun.pipeline.work import EntityWorker
 from batchrun.policy.bugs import BugStreak
 from batchrun.policy.pacing import BREAKER_REASON, CircuitBreaker
 from batchrun.queue.base import QueueMessage
@@ -171,7 +171,7 @@ async def _run(
     def claimed(count: int) -> None:
         summary.eligible += count
 
-    worker = Worker(
+    worker = EntityWorker(
         job,
         ctx,
         lease=lease,

@@ -32,7 +32,7 @@ from batchrun.pipeline.outcomes import Outcome
 from batchrun.pipeline.road import travel
 from batchrun.pipeline.run import Options
 from batchrun.pipeline.wiring import Wiring
-from batchrun.pipeline.work import Worker
+from batchrun.pipeline.work import EntityWorker
 from batchrun.policy.bugs import BugStreak
 from batchrun.policy.pacing import CircuitBreaker
 from batchrun.queue.base import QueueMessage, Received
@@ -171,7 +171,7 @@ class TaskRoad:
                     limiter=limiter,
                     breaker=self.breaker,
                 )
-                worker = Worker(
+                worker = EntityWorker(
                     job,
                     ctx,
                     lease=claims,

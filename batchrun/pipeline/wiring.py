@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from batchrun.db.store import Store
     from batchrun.effects.lender import Effects
     from batchrun.job import Job
-    from batchrun.queue.base import RetryQueue
+    from batchrun.queue.base import WorkQueue
     from batchrun.settings import Settings
 
 
@@ -29,7 +29,7 @@ class Wiring:
     """
 
     store: Store
-    queue: RetryQueue | None
+    queue: WorkQueue | None
     effects: Effects
     steering: Steering
     settings: Settings

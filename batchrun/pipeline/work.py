@@ -22,7 +22,7 @@ from batchrun.policy.retry import RetryPolicy
 log = logging.getLogger(__name__)
 
 
-class Worker:
+class EntityWorker:
     """Works claimed entities (or tasks) of one job through ``process``."""
 
     def __init__(

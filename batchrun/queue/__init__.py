@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from batchrun.queue.base import PoisonMessage, QueueMessage, Received, RetryQueue, from_url
+from batchrun.queue.base import PoisonMessage, QueueMessage, Received, WorkQueue, from_url
 
-__all__ = ["PoisonMessage", "QueueMessage", "Received", "RetryQueue", "from_url"]
+__all__ = ["PoisonMessage", "QueueMessage", "Received", "WorkQueue", "from_url"]

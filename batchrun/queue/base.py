@@ -160,8 +160,9 @@ class Received:
     receive_count: int
 
 
-class RetryQueue(Protocol):
-    """A queue with SQS semantics: visibility timeout, receive count, dead-letter queue."""
+class WorkQueue(Protocol):
+    """The queue the road's work travels on (retries, submitted tasks, continuations and
+    shards), with SQS semantics: visibility timeout, receive count, dead-letter queue."""
 
     url: str  # masked: safe to print
     max_receives: int
@@ -222,7 +223,7 @@ def from_url(
     max_receives: int,
     env: Mapping[str, str] | None = None,
     concurrency: int = 10,
-) -> RetryQueue:
+) -> WorkQueue:
     """The queue named by ``url``; None means the table in the ``--db`` database.
 
     Args:

@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 from batchrun.db.base import now_ms
 from batchrun.db.store import Store
 from batchrun.errors import QueueError
-from batchrun.queue.base import RetryQueue
+from batchrun.queue.base import WorkQueue
 
 Revive = Callable[[Sequence["DeadLetter"]], Awaitable[None]]
 
@@ -98,13 +98,13 @@ class DeadLetterQueue(Protocol):
         ...
 
 
-def _dead_of(queue: RetryQueue) -> DeadLetterQueue:
+def _dead_of(queue: WorkQueue) -> DeadLetterQueue:
     if not isinstance(queue, DeadLetterQueue):
         raise QueueError(f"the queue {queue.url} keeps no dead letters batchrun can read")
     return queue
 
 
-async def list_dead(queue: RetryQueue, *, limit: int = 100) -> list[DeadLetter]:
+async def list_dead(queue: WorkQueue, *, limit: int = 100) -> list[DeadLetter]:
     """The queue's dead letters, at most ``limit``; nothing changes.
 
     Raises:
@@ -114,7 +114,7 @@ async def list_dead(queue: RetryQueue, *, limit: int = 100) -> list[DeadLetter]:
 
 
 async def redrive(
-    queue: RetryQueue, store: Store, *, ids: Sequence[str] | None = None
+    queue: WorkQueue, store: Store, *, ids: Sequence[str] | None = None
 ) -> list[DeadLetter]:
     """Put dead letters back on the queue (``ids``, or every one when None), their
     entities' ledger rows revived first; return the letters moved (ids not found are
@@ -126,7 +126,7 @@ async def redrive(
     return await _dead_of(queue).redrive_dead(ids, revive)
 
 
-async def purge(queue: RetryQueue) -> int:
+async def purge(queue: WorkQueue) -> int:
     """Drop every dead letter of the queue; return how many."""
     return await _dead_of(queue).purge_dead()
 

@@ -34,7 +34,7 @@ from batchrun.errors import (
 )
 from batchrun.job import Job
 from batchrun.mail.base import Mailer
-from batchrun.queue.base import RetryQueue
+from batchrun.queue.base import WorkQueue
 from batchrun.urls import mask_text
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ async def check_tables(store: Store, jobs: Iterable[Job]) -> None:
             raise NotMigratedError(missing)
 
 
-async def check_queue(queue: RetryQueue, *urls: str | None) -> None:
+async def check_queue(queue: WorkQueue, *urls: str | None) -> None:
     """Raise QueueError (``retry queue: <cause>``) unless ``queue`` can be used now.
 
     ``urls``: the settings' URLs, whose passwords are masked in the line.

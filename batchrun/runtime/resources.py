@@ -13,7 +13,7 @@ from batchrun.mail.base import Mailer
 from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.mail.dkim import signer_for
 from batchrun.mail.message import sender_problem
-from batchrun.queue.base import RetryQueue
+from batchrun.queue.base import WorkQueue
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.settings import Settings
 from batchrun.urls import scheme_of
@@ -28,7 +28,7 @@ class Backends:
 
     store: Store
     mailer: Mailer | None
-    queue: RetryQueue | None
+    queue: WorkQueue | None
 
 
 def check_urls(settings: Settings, *, mail: bool) -> None:
@@ -58,7 +58,7 @@ def _ses_env(settings: Settings) -> dict[str, str]:
 
 async def open_queue(
     settings: Settings, url: str | None, store: Store, *, concurrency: int
-) -> RetryQueue:
+) -> WorkQueue:
     """The queue at ``url`` (None: the table in the job's database), opened.
 
     Opening fails here, before any mail is sent, on a missing queue or bad credentials.
@@ -105,7 +105,7 @@ async def open_backends(
         busy_timeout=min(5.0, settings.lease_s / 3),
     )
     mailer: Mailer | None = None
-    retry_queue: RetryQueue | None = None
+    retry_queue: WorkQueue | None = None
     try:
         store = Store(database)
         if migrated:

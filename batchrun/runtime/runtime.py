@@ -27,7 +27,7 @@ from batchrun.pipeline.reports import FanOut, RetrySummary, Summary
 from batchrun.pipeline.run import Options, new_summary, run_period
 from batchrun.pipeline.wiring import Wiring
 from batchrun.policy.retry import RetryPolicy
-from batchrun.queue.base import QueueMessage, Received, RetryQueue
+from batchrun.queue.base import QueueMessage, Received, WorkQueue
 from batchrun.runtime import inspection, preflight
 from batchrun.settings import Settings
 
@@ -48,7 +48,7 @@ class Runtime:
         jobs: Mapping[str, Job] | Sequence[Job] | Job,
         store: Store,
         mailer: Mailer | None,
-        queue: RetryQueue | None,
+        queue: WorkQueue | None,
         settings: Settings,
         *,
         stop: StopToken | None = None,
@@ -80,7 +80,7 @@ class Runtime:
         """``job``'s retry policy over the deployment's (see ``Wiring.policy``)."""
         return self.wiring.policy(job, run=run)
 
-    async def preflight(self, job: Job | None = None, queue: RetryQueue | None = None) -> None:
+    async def preflight(self, job: Job | None = None, queue: WorkQueue | None = None) -> None:
         """Before the first effect: the job's tables, the retry queue (and ``queue``) and
         the mailer, each backend once per runtime (see runtime/preflight.py)."""
         urls = (self.settings.mail_url, self.settings.retry_queue_url, self.settings.db_url)
@@ -144,7 +144,7 @@ class Runtime:
         return job
 
     async def fan_out(
-        self, period: Period, queue: RetryQueue, *, shard_size: int, job: Job | str | None = None
+        self, period: Period, queue: WorkQueue, *, shard_size: int, job: Job | str | None = None
     ) -> FanOut:
         """Queue the period's unfinished entities as id ranges (shards) for many consumers."""
         from batchrun.pipeline.fanout import fan_out
@@ -249,7 +249,7 @@ class Runtime:
 
     async def serve(
         self,
-        queue: RetryQueue,
+        queue: WorkQueue,
         options: Options | None = None,
         *,
         prefetch: int = 1,
@@ -319,7 +319,7 @@ class Runtime:
         result: RetrySummary,
         visibility_s: float,
         *,
-        queue: RetryQueue | None = None,
+        queue: WorkQueue | None = None,
     ) -> bool:
         """Work on received messages, then settle each by its disposition; whether the
         mail backend was found unreachable."""
@@ -339,7 +339,7 @@ class Runtime:
         return broken
 
     async def _keep_invisible(
-        self, queue: RetryQueue, items: list[Received], visibility_s: float
+        self, queue: WorkQueue, items: list[Received], visibility_s: float
     ) -> None:
         """Heartbeat: extend the messages' visibility while they are worked on, so a long
         shard is not delivered to a second consumer; a dead consumer's reappear."""

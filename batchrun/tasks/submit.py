@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from batchrun.db.base import Database
 from batchrun.job import Job
-from batchrun.queue.base import QueueMessage, RetryQueue
+from batchrun.queue.base import QueueMessage, WorkQueue
 from batchrun.task import BadTask, Task, checked
 from batchrun.tasks.store import TaskStore
 
@@ -39,7 +39,7 @@ def task_job(jobs: dict[str, Job], name: str) -> Task:
 
 async def submit(
     db: Database,
-    queue: RetryQueue,
+    queue: WorkQueue,
     job: Task,
     entity_id: object,
     data: object = None,

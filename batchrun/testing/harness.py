@@ -22,7 +22,7 @@ from batchrun.db.base import Database
 from batchrun.db.store import Reason, Scope, State
 from batchrun.job import Context, Job
 from batchrun.period import Period, containing, current, parse
-from batchrun.queue.base import RetryQueue
+from batchrun.queue.base import WorkQueue
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.registry import check_job
 from batchrun.runtime import Options, RetrySummary, Runtime, Summary
@@ -82,7 +82,7 @@ class AsyncHarness:
         self._temp: TemporaryDatabase | None = None
         self._database: Database | None = None
         self._store: Store | None = None
-        self._queue: RetryQueue | None = None
+        self._queue: WorkQueue | None = None
         # ctx.count of direct page/prepare/process calls (a run reports its own).
         self._direct = Summary(self.job.name, "", False)
 

@@ -6,7 +6,7 @@ import random
 from datetime import date
 from typing import Any
 
-from batchrun.job import Database
+from batchrun.job import ContextDb
 from batchrun.jobs.birthday.job import Birthday
 from batchrun.period import Period
 
@@ -20,7 +20,7 @@ class NotEmptyError(ValueError):
     """The user table already has users."""
 
 
-async def seed_users(db: Database, count: int, *, seed: int, force: bool = False) -> int:
+async def seed_users(db: ContextDb, count: int, *, seed: int, force: bool = False) -> int:
     """Insert ``count`` deterministic demo users; refuse a non-empty table unless forced.
 
     A few are inactive, have no address or an invalid one, as in real data.
@@ -54,7 +54,7 @@ async def seed_users(db: Database, count: int, *, seed: int, force: bool = False
     return inserted
 
 
-async def explain(db: Database, period: Period) -> list[dict[str, Any]]:
+async def explain(db: ContextDb, period: Period) -> list[dict[str, Any]]:
     """The plan of the page query, as the database reports it."""
     sql = Birthday.sql
     assert sql is not None
@@ -63,7 +63,7 @@ async def explain(db: Database, period: Period) -> list[dict[str, Any]]:
     )
 
 
-async def sample_ids(db: Database, per_month: int = 3) -> dict[int, list[int]]:
+async def sample_ids(db: ContextDb, per_month: int = 3) -> dict[int, list[int]]:
     """The first ``per_month`` eligible user ids of each month (for ``preview --id``)."""
     sql = Birthday.sql
     assert sql is not None
