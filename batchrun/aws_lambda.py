@@ -48,6 +48,7 @@ from batchrun import unsubscribe
 from batchrun.aws_secrets import database_url, forget
 from batchrun.control.history import CANCELLED
 from batchrun.control.runrecord import RunRecord
+from batchrun.db.store import State
 from batchrun.errors import BatchrunError, UsageError
 from batchrun.events import ses as mail_events
 from batchrun.period import Period, current
@@ -406,11 +407,13 @@ def _add(metrics: dict[str, float], verdict: Disposition) -> None:
     elif verdict.not_eligible:
         metrics["NotEligible"] = metrics.get("NotEligible", 0) + 1
     elif verdict.outcome is not None:
-        name = {"SENT": "EmailsSent", "RETRYING": "Failures", "FAILED": "Failures"}.get(
-            verdict.outcome.name, "UsersProcessed"
-        )
+        name = {
+            State.SUCCEEDED: "EmailsSent",
+            State.RETRYING: "Failures",
+            State.FAILED: "Failures",
+        }.get(verdict.outcome, "UsersProcessed")
         metrics[name] = metrics.get(name, 0) + 1
-        if verdict.outcome.name == "SENT":  # any job's success; EmailsSent is kept for mail
+        if verdict.outcome is State.SUCCEEDED:  # any job's; EmailsSent is kept for mail
             metrics["Succeeded"] = metrics.get("Succeeded", 0) + 1
         metrics["UsersProcessed"] = metrics.get("UsersProcessed", 0) + 1
 

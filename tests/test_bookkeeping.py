@@ -224,7 +224,7 @@ def test_two_limited_runs_against_a_dead_mailer_then_one_retry(
     assert after["emails_sent"] == len(emailed), after
     assert after["pending"] == len(selected) - LIMIT, "the rest of the month is untouched"
     assert set(ledger(db_url)) == first
-    assert {s for s, _ in ledger(db_url).values()} <= {int(State.SENT), int(State.SKIPPED)}
+    assert {s for s, _ in ledger(db_url).values()} <= {int(State.SUCCEEDED), int(State.SKIPPED)}
     assert card_counts(db_url, 2025) == dict.fromkeys(with_valid_address(db_url, first), 1)
 
 
@@ -430,7 +430,7 @@ def test_two_tasks_for_one_user_consumed_at_once_have_one_effect(
     assert smtp_server.transactions == 1, "one execution: the second never reached the server"
     assert smtp_server.sends_per_user(2025) == Counter({uid: 1})
     assert card_counts(db_url, 2025) == {uid: 1}
-    assert ledger(db_url) == {uid: (int(State.SENT), 1)}
+    assert ledger(db_url) == {uid: (int(State.SUCCEEDED), 1)}
     assert depths(db_url) == (0, 0)
 
 

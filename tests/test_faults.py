@@ -192,7 +192,7 @@ def assert_month_complete(
     wrong = {uid: got for uid, got in shown.items() if got != {_grouped(codes[uid])}}
     assert not wrong, f"every email (duplicates too) shows the user's one card ({where}): {wrong}"
     states = ledger_states(db_url, year)
-    expected = Counter({int(State.SENT): len(want)})
+    expected = Counter({int(State.SUCCEEDED): len(want)})
     if skipped:
         expected[int(State.SKIPPED)] = skipped
     assert states == expected, f"ledger ({where})"
@@ -371,7 +371,7 @@ def _unfinished(db_url: str, year: int, want: set[int]) -> str:
         "FROM batchrun_ledger WHERE job = 'birthday' AND once_key = %s",
         str(year),
     )
-    done = {int(r[0]) for r in rows if int(r[1]) in (int(State.SENT), int(State.SKIPPED))}
+    done = {int(r[0]) for r in rows if int(r[1]) in (int(State.SUCCEEDED), int(State.SKIPPED))}
     open_rows = sorted((r for r in rows if int(r[0]) not in done), key=lambda r: int(r[0]))
     missing = sorted(want - {int(r[0]) for r in rows})
     owners = Counter(str(r[2]) for r in open_rows)
@@ -647,7 +647,7 @@ def test_mail_server_dies_or_hangs_mid_run(
     assert sum(n - 1 for n in per_user.values()) <= concurrency, f"{fault}: {per_user}"
     assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
     assert ledger_states(db_url, 2025) == Counter(
-        {int(State.SENT): len(want), int(State.SKIPPED): len(eligible - want)}
+        {int(State.SUCCEEDED): len(want), int(State.SKIPPED): len(eligible - want)}
     )
     status = status_of(retry_env, "2025-06")
     assert (status["pending"], status["retrying"], status["retry_queue_depth"]) == (0, 0, 0)

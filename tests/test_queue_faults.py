@@ -71,7 +71,7 @@ async def test_a_task_for_the_wrong_period_changes_nothing_and_april_sends(
 
     summary = await rt.run(APRIL, Options(concurrency=4))
     assert summary.exit_code == 0
-    assert ledger_of(db_url, uid) == [("2025", "2025-04", int(State.SENT))]
+    assert ledger_of(db_url, uid) == [("2025", "2025-04", int(State.SUCCEEDED))]
     assert smtp_server.sends_per_user()[uid] == 1
 
 

@@ -71,7 +71,11 @@ def test_one_attempt_never_retries_even_in_a_run() -> None:
 
 def test_other_outcomes_pass_untouched() -> None:
     policy = resolved(attempts=1)
-    for outcome in (Outcome(State.SENT), Outcome(State.SKIPPED, "x"), Outcome(State.FAILED, "y")):
+    for outcome in (
+        Outcome(State.SUCCEEDED),
+        Outcome(State.SKIPPED, "x"),
+        Outcome(State.FAILED, "y"),
+    ):
         assert policy.settle(outcome, 9, at_once=False) is outcome
 
 

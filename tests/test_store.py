@@ -99,10 +99,10 @@ async def test_only_the_owner_finishes_and_final_states_are_never_reclaimed(
     store: Store,
 ) -> None:
     await store.claim(S1, ids=[1, 2], new_ids=[1, 2], me="a", lease_ms=-1)
-    assert await store.finish(S1, ids=[1, 2], me="b", state=State.SENT) == 0
-    assert await store.finish(S1, ids=[1], me="a", state=State.SENT) == 1
+    assert await store.finish(S1, ids=[1, 2], me="b", state=State.SUCCEEDED) == 0
+    assert await store.finish(S1, ids=[1], me="a", state=State.SUCCEEDED) == 1
     claims = await store.claim(S1, ids=[1, 2], new_ids=[], me="c", lease_ms=60_000)
-    assert claims[1].owner is None and claims[1].state == State.SENT
+    assert claims[1].owner is None and claims[1].state == State.SUCCEEDED
     assert claims[2].owner == "c"
 
 
@@ -122,7 +122,7 @@ async def test_ledger_scopes_keep_jobs_and_periods_apart(store: Store) -> None:
     await store.claim(S1, ids=[7], new_ids=[7], me="a", lease_ms=60_000)
     claims = await store.claim(day, ids=[7], new_ids=[7], me="b", lease_ms=60_000)
     assert claims[7].owner == "b"  # the same id in another job is another entity
-    await store.finish(day, ids=[7], me="b", state=State.SENT)
+    await store.finish(day, ids=[7], me="b", state=State.SUCCEEDED)
     assert (await store.claims_of(S1, [7]))[7].state == State.PENDING
 
 
@@ -180,7 +180,7 @@ async def test_status_counts_follow_the_ledger(store: Store, db_url: str) -> Non
     ]
     scope = birthday_scope(2025, 3)
     await store.claim(scope, ids=ids, new_ids=ids, me="m", lease_ms=60_000)
-    await store.finish(scope, ids=ids[:3], me="m", state=State.SENT)
+    await store.finish(scope, ids=ids[:3], me="m", state=State.SUCCEEDED)
     await store.finish(scope, ids=ids[3:4], me="m", state=State.SKIPPED, error="bad")
     await store.finish(scope, ids=ids[4:5], me="m", state=State.FAILED, error="550")
     await store.finish(scope, ids=ids[5:6], me="m", state=State.RETRYING, error="451")

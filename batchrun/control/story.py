@@ -186,7 +186,7 @@ def _ledger_events(
     run = None if row[9] is None else int(row[9])  # the run that claimed it last
     tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
     out: list[Event] = []
-    if state == State.SENT:
+    if state == State.SUCCEEDED:
         mid = message_id(job, ctx.key, rt.settings.sender_for(job))
         out.append(
             Event(updated, "sent", f"Message-ID {mid} accepted ({tries}; period {period})", run)

@@ -6,6 +6,7 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
+from batchrun import schemes
 from batchrun.db.sql import Queries, Statement, load
 from batchrun.errors import ConfigError
 from batchrun.urls import mask_url, scheme_of
@@ -151,25 +152,22 @@ async def connect(
             missing PostgreSQL database.
         busy_timeout: seconds a SQLite statement waits for another process's lock.
     """
-    scheme = scheme_of(url)
-    if scheme in ("mysql", "mariadb", "mysql+aiomysql"):
+    found = schemes.find("db", url)
+    if found is None:
+        raise ConfigError(
+            f"unknown database URL scheme {scheme_of(url) or '(none)'!r} in {mask_url(url)!r}: "
+            f"use {schemes.forms('db')}"
+        )
+    if found.module == "batchrun.db.mysql":
         from batchrun.db.mysql import MySQLDatabase
 
         return await MySQLDatabase.open(url, load("mysql"), pool_size=pool_size)
-    if scheme in ("postgresql", "postgres"):
+    if found.module == "batchrun.db.postgresql":
         from batchrun.db.postgresql import PostgreSQLDatabase
 
         return await PostgreSQLDatabase.open(
             url, load("postgresql"), pool_size=pool_size, create=create
         )
-    if scheme == "sqlite":
-        from batchrun.db.sqlite import SQLiteDatabase
+    from batchrun.db.sqlite import SQLiteDatabase
 
-        return await SQLiteDatabase.open(
-            url, load("sqlite"), create=create, busy_timeout=busy_timeout
-        )
-    raise ConfigError(
-        f"unknown database URL scheme {scheme or '(none)'!r} in {mask_url(url)!r}: "
-        "use mysql://user:pass@host:port/db, postgresql://user:pass@host:port/db "
-        "or sqlite:///path"
-    )
+    return await SQLiteDatabase.open(url, load("sqlite"), create=create, busy_timeout=busy_timeout)

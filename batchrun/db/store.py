@@ -30,13 +30,14 @@ class State(IntEnum):
     """An entity's state in the ledger for one (job, once_per period)."""
 
     PENDING = 0  # claimed or released, not finished
-    SENT = 1  # succeeded (for an email job: the email was accepted)
+    SUCCEEDED = 1  # done (for an email job: the email was accepted)
+    SENT = 1  # SUCCEEDED's name before jobs other than mail (the stored value is the same)
     SKIPPED = 2  # ended for good without failure (invalid address, not eligible any more)
     RETRYING = 3  # failed temporarily, waiting in the retry queue
     FAILED = 4  # failed for good (permanent error or out of attempts)
 
 
-FINAL_STATES = frozenset({State.SENT, State.SKIPPED, State.FAILED})
+FINAL_STATES = frozenset({State.SUCCEEDED, State.SKIPPED, State.FAILED})
 MAX_ID = 2**63 - 1  # the largest id a BIGINT column (and SQLite's INTEGER) can hold
 
 Reason = Literal["unsubscribe", "bounce", "complaint", "manual"]

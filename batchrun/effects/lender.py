@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from batchrun import schemes
 from batchrun.effects.sending import Sender, make_limiter
 from batchrun.job import Context, Job
 from batchrun.period import Period
 from batchrun.policy.pacing import CircuitBreaker
 from batchrun.policy.rate import AdaptiveRate
-from batchrun.urls import scheme_of
 
 if TYPE_CHECKING:
     from batchrun.db.store import Store
@@ -115,7 +115,7 @@ class Effects:
         """Once: mail to real mailboxes (SMTP, SES) without one-click unsubscribe."""
         if self._warned_unsubscribe or self.settings.unsubscribe_secret is not None:
             return
-        if scheme_of(self.settings.mail_url) in ("smtp", "smtps", "ses"):
+        if schemes.can(self.settings.mail_url, "mailbox"):
             self._warned_unsubscribe = True
             log.warning(
                 "emails go out without one-click unsubscribe: Gmail and Yahoo require it of "

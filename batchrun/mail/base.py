@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
+from batchrun import schemes
 from batchrun.errors import ConfigError
 from batchrun.mail.headers import encoded_words
 from batchrun.mail.message import (
@@ -35,8 +36,6 @@ __all__ = [
     "valid_address",
 ]
 
-SCHEMES = ("smtp", "smtps", "file", "console", "discard", "ses")
-_ACCEPTED = ", ".join(f"{scheme}://" for scheme in SCHEMES)
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 # eu-west-1, us-gov-west-1, ap-southeast-5 ...; anything else is a typo, not a region.
@@ -82,9 +81,11 @@ def from_url(
         ConfigError: an unknown scheme or an unusable URL; the message never holds the
             URL itself, so a password in it is never shown.
     """
-    scheme = url.partition("://")[0].lower() if "://" in url else ""
-    if scheme not in SCHEMES:
-        raise ConfigError(f"unknown mail URL scheme {scheme!r}; accepted: {_ACCEPTED}")
+    scheme = schemes.scheme_of(url)
+    if schemes.find("mail", url) is None:
+        raise ConfigError(
+            f"unknown mail URL scheme {scheme!r}; accepted: {schemes.accepted('mail')}"
+        )
     try:
         parts = urlsplit(url)
     except ValueError as exc:
@@ -109,7 +110,7 @@ def from_url(
         from batchrun.mail.console import ConsoleMailer, DiscardMailer
 
         return ConsoleMailer() if scheme == "console" else DiscardMailer()
-    raise AssertionError(f"scheme {scheme!r} is in SCHEMES but has no backend")
+    raise AssertionError(f"mail scheme {scheme!r} is registered but has no backend")
 
 
 def _reject_query(parts: SplitResult, scheme: str) -> None:

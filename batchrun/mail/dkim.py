@@ -20,14 +20,13 @@ from email.utils import parseaddr
 from pathlib import Path
 from typing import Any
 
+from batchrun import schemes
 from batchrun.errors import ConfigError
 from batchrun.mail.address import idna_domain
 from batchrun.settings import Settings
-from batchrun.urls import scheme_of
 
 log = logging.getLogger(__name__)
 
-SIGNED_SCHEMES = frozenset({"smtp", "smtps", "file"})
 SIGNED_HEADERS = (
     "from",
     "to",
@@ -151,10 +150,12 @@ def signer_for(settings: Settings, sender: str | None = None) -> DkimSigner | No
     path, selector = settings.dkim_key_file, settings.dkim_selector
     if path is None or selector is None:
         return None
-    scheme = scheme_of(settings.mail_url)
-    if scheme not in SIGNED_SCHEMES:
-        if scheme == "ses":
-            log.info("SES signs with Easy DKIM: BATCHRUN_DKIM_KEY_FILE is not used")
+    if not schemes.can(settings.mail_url, "dkim"):
+        if schemes.can(settings.mail_url, "self_signs"):
+            log.info(
+                "%s:// signs itself (SES: Easy DKIM): BATCHRUN_DKIM_KEY_FILE is not used",
+                schemes.scheme_of(settings.mail_url),
+            )
         return None
     sender = settings.sender or sender
     if sender is None:

@@ -61,7 +61,7 @@ class Disposition:
 
 def disposition(outcome: Outcome) -> Disposition:
     """The next action for the message that asked for an entity, by its settled outcome."""
-    if outcome.state in (State.SENT, State.SKIPPED):
+    if outcome.state in (State.SUCCEEDED, State.SKIPPED):
         return Disposition("delete", outcome=outcome.state)
     if outcome.state is State.FAILED:
         return Disposition("dead", outcome.reason or "failed", outcome=State.FAILED)
@@ -161,7 +161,7 @@ class LedgerWrites:
             if outcome.busy:
                 busy.setdefault(item.scope, []).append(item.id)
                 continue
-            reason = None if outcome.state is State.SENT else outcome.reason
+            reason = None if outcome.state is State.SUCCEEDED else outcome.reason
             waiting = item.queued and outcome.state is State.RETRYING
             delay = (outcome.delay_s or 0.0) if outcome.state is State.RETRYING else 0.0
             groups.setdefault((item.scope, outcome.state, reason, waiting, delay), []).append(item)
@@ -187,7 +187,7 @@ class LedgerWrites:
                     self.summary.lost_claims += lost
                     # The other run's now: two runs' counts still add up to the period's.
                     taken = len(ids) - changed
-                    if state is State.SENT:
+                    if state is State.SUCCEEDED:
                         self.summary.succeeded -= taken
                     elif state is State.SKIPPED:
                         self.summary.skipped -= taken

@@ -54,7 +54,7 @@ class Outcome:
     busy: bool = False  # a backend was busy: not attempted, no attempt counted, later again
 
 
-SUCCEEDED = Outcome(State.SENT)
+SUCCEEDED = Outcome(State.SUCCEEDED)
 
 
 class Classified:

@@ -145,9 +145,9 @@ class RetrySummary(_Report):
     def add_entity(self, state: State | None) -> None:
         """Count one entity a retry or task message named, by how it ended (one that did
         not end, e.g. left pending, is not processed)."""
-        if state in (State.SENT, State.SKIPPED, State.RETRYING, State.FAILED):
+        if state in (State.SUCCEEDED, State.SKIPPED, State.RETRYING, State.FAILED):
             self.processed += 1
-        if state is State.SENT:
+        if state is State.SUCCEEDED:
             self.succeeded += 1
         elif state is State.SKIPPED:
             self.skipped += 1

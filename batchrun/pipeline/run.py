@@ -157,7 +157,7 @@ async def _run(
     bugs = BugStreak(w.settings.bug_threshold)
 
     def counted(item: Item, outcome: Outcome) -> None:
-        if outcome.state is State.SENT:
+        if outcome.state is State.SUCCEEDED:
             summary.succeeded += 1
             options.progress("done")
         elif outcome.state is State.SKIPPED:

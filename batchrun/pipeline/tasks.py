@@ -311,7 +311,7 @@ def _item(job: Task, row: TaskRow, received: Received, message: QueueMessage) ->
 
 def _task_state(outcome: Outcome) -> TaskState:
     return {
-        State.SENT: TaskState.SUCCEEDED,
+        State.SUCCEEDED: TaskState.SUCCEEDED,
         State.SKIPPED: TaskState.SUCCEEDED,
         State.FAILED: TaskState.DEAD,
     }.get(outcome.state, TaskState.FAILED)

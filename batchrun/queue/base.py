@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
 
+from batchrun import schemes
 from batchrun.db.store import MAX_ID
 from batchrun.errors import ConfigError
 from batchrun.job import NAME
@@ -239,7 +240,7 @@ def from_url(
 
         return LocalQueue(db, max_receives=max_receives)
     scheme = scheme_of(url)
-    if scheme in ("https", "http"):
+    if schemes.find("queue", url) is not None:
         try:
             from batchrun.queue.sqs import SqsQueue
         except ImportError as exc:

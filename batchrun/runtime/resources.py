@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from batchrun import schemes
 from batchrun.db import Store, connect
 from batchrun.errors import UsageError
 from batchrun.job import Job
@@ -17,9 +18,6 @@ from batchrun.queue.base import WorkQueue
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.settings import Settings
 from batchrun.urls import scheme_of
-
-DB_SCHEMES = ("mysql", "mariadb", "mysql+aiomysql", "postgresql", "postgres", "sqlite")
-MAIL_SCHEMES = ("smtp", "smtps", "ses", "file", "console", "discard")
 
 
 @dataclass
@@ -33,20 +31,19 @@ class Backends:
 
 def check_urls(settings: Settings, *, mail: bool) -> None:
     """Reject unknown schemes before connecting to anything (a usage error, exit 2)."""
-    if scheme_of(settings.db_url) not in DB_SCHEMES:
+    if schemes.find("db", settings.db_url) is None:
         raise UsageError(
             f"unknown --db URL scheme {scheme_of(settings.db_url) or '(none)'!r}: use "
-            "mysql://user:pass@host:port/db, postgresql://user:pass@host:port/db "
-            "or sqlite:///path"
+            f"{schemes.forms('db')}"
         )
     if mail and settings.sender is not None:
         problem = sender_problem(settings.sender)
         if problem is not None:
             raise UsageError(f"--from {settings.sender!r} {problem}")
-    if mail and scheme_of(settings.mail_url) not in MAIL_SCHEMES:
+    if mail and schemes.find("mail", settings.mail_url) is None:
         raise UsageError(
             f"unknown --mail URL scheme {scheme_of(settings.mail_url) or '(none)'!r}: "
-            f"use one of {', '.join(s + '://' for s in MAIL_SCHEMES)}"
+            f"use one of {schemes.accepted('mail')}"
         )
 
 

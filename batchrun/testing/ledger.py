@@ -11,7 +11,7 @@ StateName = Literal["pending", "succeeded", "skipped", "retrying", "failed"]
 
 STATE_NAMES: dict[State, StateName] = {
     State.PENDING: "pending",
-    State.SENT: "succeeded",
+    State.SUCCEEDED: "succeeded",
     State.SKIPPED: "skipped",
     State.RETRYING: "retrying",
     State.FAILED: "failed",
