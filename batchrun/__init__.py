@@ -10,12 +10,10 @@ The public API, everything a job needs (the built-in birthday job imports nothin
     Period              the year, month or day a run is for (batchrun.period)
     SqlFolder           a job's named queries and schema steps, one folder per dialect
     valid_address       the plain syntax check batchrun applies to every recipient
-    gift_codes          fresh 80-bit codes (Crockford base32) and their display form
 """
 
 from __future__ import annotations
 
-from batchrun import codes as gift_codes
 from batchrun.db.sql import SqlFolder
 from batchrun.job import Context, Fail, Job, Retry, Skip
 from batchrun.mail.base import valid_address
@@ -38,7 +36,6 @@ __all__ = [
     "TaskItem",
     "__version__",
     "connect",
-    "gift_codes",
     "valid_address",
 ]
 
@@ -48,4 +45,8 @@ def __getattr__(name: str) -> object:
         from batchrun.client import connect
 
         return connect
+    if name == "gift_codes":  # the birthday job's own now; kept for jobs that used it
+        from batchrun.jobs.birthday import codes
+
+        return codes
     raise AttributeError(f"module 'batchrun' has no attribute {name!r}")

@@ -56,7 +56,13 @@ from batchrun.period import parse as parse_period
 from batchrun.pipeline.apply import Disposition, settle_messages
 from batchrun.pipeline.engine import Deadline, StopToken
 from batchrun.queue.base import Received
-from batchrun.registry import Registry, builtin_modules, discover, parse_specs
+from batchrun.registry import (
+    SCHEDULED_BY_DEFAULT,
+    Registry,
+    builtin_modules,
+    discover,
+    parse_specs,
+)
 from batchrun.runtime import Options, Runtime, Summary
 from batchrun.runtime.resources import open_backends
 from batchrun.settings import Settings
@@ -275,7 +281,7 @@ def _runs_of(
             moment = datetime.fromisoformat(when.replace("Z", "+00:00"))
         except ValueError:
             raise UsageError(f"scheduled event has no usable time: {when!r}") from None
-        names = parse_specs(settings.scheduled_jobs) or ["birthday"]
+        names = parse_specs(settings.scheduled_jobs) or list(SCHEDULED_BY_DEFAULT)
         return [(n, current(registry.get_job(n).period, moment)) for n in names], False
     name = event.get("job")
     if not isinstance(name, str):

@@ -30,6 +30,8 @@ from batchrun.period import Period, Unit
 from batchrun.policy.retry import RetryPolicy
 
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+# db explain's answer: (label, the database's plan rows) per query, and a one-line verdict.
+Explained = tuple[list[tuple[str, list[dict[str, Any]]]], str]
 
 
 class Verdict(Exception):
@@ -220,6 +222,8 @@ class Job:
         retry: the ``RetryPolicy`` (attempts, backoff, max_delay_s); unset fields take
             the deployment's (``BATCHRUN_MAX_RECEIVES``, ``BATCHRUN_RETRY_BASE_S``,
             ``BATCHRUN_RETRY_MAX_BACKOFF_S``).
+        status_names: ``batchrun status`` keys the job shows first, under its own names
+            (the birthday job's ``succeeded`` is ``emails_sent``, as batchrun 0.1 said).
     """
 
     name: ClassVar[str] = ""
@@ -234,6 +238,7 @@ class Job:
     address: ClassVar[str] = "email"
     sender: ClassVar[str | None] = None
     retry: ClassVar[RetryPolicy] = RetryPolicy()
+    status_names: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def once_unit(cls) -> Unit:
@@ -261,6 +266,21 @@ class Job:
     async def status(self, ctx: Context) -> dict[str, int]:
         """Extra counts for ``batchrun status`` (optional), e.g. the birthday job's cards."""
         return {}
+
+    async def seed(
+        self, ctx: Context, count: int, *, seed: int = 1, force: bool = False
+    ) -> list[str]:
+        """Demo data for ``batchrun db seed --job NAME`` (optional): add ``count`` rows its
+        page returns, the same ones for the same ``seed``; refuse a table that already
+        has rows unless ``force`` (raise ``ValueError`` with the one line). Returns lines
+        for the person who asked (how many were added, ids to ``preview``)."""
+        raise NotImplementedError(f"job {self.name!r} has no demo data (Job.seed)")
+
+    async def explain(self, ctx: Context) -> Explained | None:
+        """``batchrun db explain``'s plans and verdict (optional): ``([(label, plan
+        rows), ...], one line)``. None (the default): batchrun explains each query
+        ``page`` runs through ``ctx.db`` and says which index it reads."""
+        return None
 
     async def aclose(self) -> None:
         """Release what the job opened in this event loop, e.g. an HTTP client (optional).

@@ -39,6 +39,8 @@ from batchrun.period import UNITS
 
 BUILTINS: dict[str, str] = {"birthday": "batchrun.jobs.birthday"}  # job name -> module
 BUILTIN_MODULES: tuple[str, ...] = tuple(BUILTINS.values())
+# What a scheduled Lambda event runs when BATCHRUN_SCHEDULED_JOBS is unset.
+SCHEDULED_BY_DEFAULT: tuple[str, ...] = ("birthday",)
 ENTRY_POINT_GROUP = "batchrun.jobs"
 
 

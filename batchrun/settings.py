@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
 DEFAULT_DB = "sqlite:///batchrun.db"
 DEFAULT_MAIL = "file://outbox"
-DEFAULT_FROM = "birthday@localhost"  # the birthday job's own From (each job has its own)
 
 
 def _float(env: Mapping[str, str], key: str, default: float, *, minimum: float = 0.0) -> float:

@@ -19,10 +19,9 @@ from typing import Any, cast
 
 import aiosmtplib
 
-from batchrun import codes
 from batchrun.effects.sending import Sender
 from batchrun.job import Context
-from batchrun.jobs.birthday import Birthday
+from batchrun.jobs.birthday import Birthday, codes
 from batchrun.mail.smtp_transaction import transaction
 from batchrun.period import parse
 from batchrun.pipeline.engine import StopToken

@@ -25,7 +25,7 @@ from test_cli import ANSI, _restore_root_logger, env, invoke, migrate_and_seed, 
 
 from batchrun.cli import app
 from batchrun.cli.conventions import reflow
-from batchrun.cli.explain import INDEX, verdict
+from batchrun.jobs.birthday.explain import INDEX, verdict
 
 __all__ = ["_restore_root_logger", "env"]  # test_cli's fixtures, for these tests too
 

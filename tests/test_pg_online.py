@@ -12,11 +12,11 @@ import pytest
 from conftest import pg_connect, query, run_cli
 from periods import month
 
-from batchrun.cli.explain import verdict
 from batchrun.db import Store, connect
 from batchrun.db.sql import Queries
 from batchrun.errors import DatabaseError
 from batchrun.jobs.birthday import Birthday, demo
+from batchrun.jobs.birthday.explain import verdict
 
 INDEX = "idx_user_birth_month_status_id"
 ROWS = 200_000

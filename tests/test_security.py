@@ -42,10 +42,10 @@ from periods import month
 from smtp_server import SmtpTestServer
 from test_faults import cli_env, summary_of, user_of
 
-from batchrun import aws_lambda, codes
+from batchrun import aws_lambda
 from batchrun.db.sql import load
 from batchrun.errors import BatchrunError
-from batchrun.jobs.birthday import Birthday
+from batchrun.jobs.birthday import Birthday, codes
 from batchrun.runtime import Options, Runtime
 from batchrun.runtime.resources import open_backends
 from batchrun.settings import Settings
@@ -58,7 +58,7 @@ SENDER = "birthday@example.com"
 _CODE = re.compile(r"[0-9A-HJKMNP-TV-Z]{16}")  # Crockford base32: no I, L, O, U
 _MAKE_CODES = (
     "import sys\n"
-    "from batchrun import codes\n"
+    "from batchrun.jobs.birthday import codes\n"
     "sys.stdout.write('\\n'.join(codes.new_code() for _ in range(int(sys.argv[1]))))\n"
 )
 

@@ -12,13 +12,12 @@ import pytest
 from conftest import birthday_scope, query, seed_users, status_of
 from periods import month
 
-from batchrun import codes
 from batchrun.db import Store, connect
 from batchrun.db.mysql import QuietCursor
 from batchrun.db.store import Scope, State, now_ms
 from batchrun.effects.sending import Sender
 from batchrun.job import Context
-from batchrun.jobs.birthday import Birthday
+from batchrun.jobs.birthday import Birthday, codes
 from batchrun.pipeline.reports import Summary
 from batchrun.queue.local import LocalQueue
 from batchrun.runtime import Runtime

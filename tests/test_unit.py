@@ -13,14 +13,13 @@ from urllib.parse import urlsplit
 import pytest
 from periods import current_month, month, parse_month
 
-from batchrun import codes
 from batchrun.db.sql import Queries, load, migration_steps, parse
 from batchrun.errors import ConfigError
-from batchrun.jobs.birthday import Birthday
+from batchrun.jobs.birthday import Birthday, codes
 from batchrun.period import Period, Unit
 from batchrun.queue import base as queue_base
 from batchrun.queue.base import MAX_BODY, PoisonMessage, QueueMessage, backoff_s
-from batchrun.settings import DEFAULT_DB, DEFAULT_FROM, DEFAULT_MAIL, Settings
+from batchrun.settings import DEFAULT_DB, DEFAULT_MAIL, Settings
 from batchrun.urls import mask_text, mask_url
 
 UNITS: dict[str, Unit] = {"birthday": "month"}  # jobs a consumer parses bodies for
@@ -525,9 +524,9 @@ def test_settings_defaults_from_empty_mapping() -> None:
         DEFAULT_DB,
         DEFAULT_MAIL,
         None,
-        None,  # no --from: each job's own (the birthday job's is DEFAULT_FROM)
+        None,  # no --from: each job's own (the birthday job's is Birthday.sender)
     )
-    assert s.sender_for(Birthday()) == DEFAULT_FROM
+    assert s.sender_for(Birthday()) == "birthday@localhost"
     assert s.lease_s <= 15.0  # the contract: a dead run's claims expire within 15 s
     assert s.max_receives == 5
     assert s.deadline_margin_ms is None

@@ -26,8 +26,8 @@ import pytest
 from conftest import ROOT, card_counts, mysql_connect, query, run_cli, table_digest
 from smtp_server import SmtpTestServer
 
-from batchrun.codes import display
 from batchrun.db.sqlite import sqlite_path
+from batchrun.jobs.birthday.codes import display
 
 LEGACY = Path(__file__).resolve().parent / "legacy" / "0.1"
 SENDER = "birthday@example.com"

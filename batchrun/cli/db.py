@@ -13,8 +13,8 @@ from batchrun.cli.app import Invocation, db_app, period_option, run_command
 from batchrun.cli.conventions import examples, print_pairs, say, stderr, stdout
 from batchrun.db import ddl
 from batchrun.db.sqlite import sqlite_path
-from batchrun.errors import ConfigError, DatabaseError
-from batchrun.jobs.birthday import demo
+from batchrun.errors import ConfigError, DatabaseError, UsageError
+from batchrun.period import current
 from batchrun.runtime.inspection import page_plans
 from batchrun.runtime.resources import open_backends
 from batchrun.urls import scheme_of
@@ -124,6 +124,7 @@ def _missing_sqlite_file(url: str) -> str | None:
     epilog=examples(
         "batchrun db seed --users 20000",
         "batchrun db seed --users 1000 --seed 7 --force",
+        "batchrun --jobs ./greetings.py db seed --job greeting --users 100",
     ),
 )
 def db_seed(
@@ -134,27 +135,29 @@ def db_seed(
         bool,
         typer.Option("--force", metavar="", help="Add users even if the user table is not empty."),
     ] = False,
+    job: Annotated[
+        str, typer.Option("--job", metavar="JOB", help="The job whose demo data to add.")
+    ] = "birthday",
 ) -> None:
-    """Add deterministic demo users for the birthday job (a few inactive, a few without or
-    with invalid addresses)."""
+    """Add deterministic demo data for JOB (its Job.seed): for birthday, demo users, a few
+    inactive, a few without or with invalid addresses."""
     context: Invocation = ctx.obj
 
     async def go() -> int:
+        entry = context.registry.entry(job)
         async with open_backends(context.settings) as backends:
-            store = backends.store
+            runtime = context.runtime(backends)
+            period = current(entry.job.period)
+            seeding, _ = runtime.effects.context(entry.job, period, stop=runtime.stop, dry_run=True)
             try:
-                count = await demo.seed_users(store.jobdb, users, seed=seed, force=force)
-            except demo.NotEmptyError as exc:
+                lines = await entry.job.seed(seeding, users, seed=seed, force=force)
+            except NotImplementedError as exc:
+                raise UsageError(str(exc)) from None
+            except ValueError as exc:
                 raise DatabaseError(str(exc)) from None
-            samples = await demo.sample_ids(store.jobdb)
-        stderr.print(f"added {count} users to {store.db.url}", highlight=False)
-        # Ids that exist, for `batchrun preview birthday --period 2025-MM --id N`.
-        say(
-            "eligible ids by month (for `preview --id`): "
-            + "; ".join(
-                f"{month:02d}: {', '.join(map(str, ids))}" for month, ids in samples.items() if ids
-            )
-        )
+        say(f"{job} demo data in {backends.store.db.url}:")
+        for line in lines:
+            say(line)
         return 0
 
     run_command(ctx, go)
@@ -206,12 +209,12 @@ def db_explain(
         # Not jobs=[...]: a missing index is what explain is there to say.
         async with open_backends(context.settings) as backends:
             db = backends.store.jobdb
-            if job == "birthday":
-                rows = await demo.explain(db, which)
-                plans = [("the birthday page query", rows)]
-                line = explain.verdict(db.dialect, rows)
+            runtime = context.runtime(backends)
+            ctx, _ = runtime.effects.context(entry.job, which, stop=runtime.stop, dry_run=True)
+            own = await entry.job.explain(ctx)
+            if own is not None:
+                plans, line = own
             else:
-                runtime = context.runtime(backends)
                 plans = await page_plans(runtime.wiring, entry.job, which, explain.PAGE_SIZE)
                 line = explain.page_verdict(job, db.dialect, plans, explain.PAGE_SIZE)
         if as_json:

@@ -14,6 +14,7 @@ from batchrun.cli.runs import overview, print_overview
 from batchrun.cli.tasks import task_status
 from batchrun.control.steering import Steering
 from batchrun.db.store import Store
+from batchrun.job import Job
 from batchrun.period import parse as parse_period
 from batchrun.registry import JobEntry
 from batchrun.runtime.resources import open_backends
@@ -110,7 +111,7 @@ def status(
                 which = periods[name]
                 counts = await context.runtime(backends).status(name, which, problems=limit)
                 depth, dead = await backends.queue.depths()
-                data = _report(name, entry.job.period, str(which), counts, depth, dead, limit)
+                data = _report(entry.job, str(which), counts, depth, dead, limit)
                 held = steering.paused(name, str(which))
                 if held is not None:  # only when paused: `batchrun pause`
                     data["paused"] = True
@@ -169,8 +170,7 @@ async def _with_tables(store: Store, entries: list[JobEntry]) -> list[JobEntry]:
 
 
 def _report(
-    job: str,
-    unit: str,
+    job: Job,
     period: str,
     counts: dict[str, Any],
     depth: int,
@@ -181,12 +181,12 @@ def _report(
     problems: list[tuple[int, int, int, str | None]] = counts.pop("problems")[:limit]
     not_done = sum(int(counts.get(k) or 0) for k in ("skipped", "retrying", "failed_permanent"))
     more = max(0, not_done - len(problems))  # every one the ledger lists, not one past it
-    data: dict[str, Any] = {"job": job, "period": period}
-    if unit == "month":
+    data: dict[str, Any] = {"job": job.name, "period": period}
+    if job.period == "month":
         data["month"] = period
-    if job == "birthday":
-        data["cards"] = counts.pop("cards", 0)
-        data["emails_sent"] = counts.pop("succeeded")
+    for key, name in job.status_names.items():  # the job's own names go first
+        if key in counts:
+            data[name] = counts.pop(key)
     data.update(counts)
     data.update(
         retry_queue_depth=depth,

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import batchrun
-from batchrun import Context, SqlFolder, gift_codes, valid_address
+from batchrun import Context, SqlFolder, valid_address
+from batchrun.jobs.birthday import codes as gift_codes
 
 CARD_STATUS = 1
 ACTIVE = 10
@@ -27,6 +28,7 @@ class Birthday(batchrun.Job):
     sql = SqlFolder.beside(__file__)
     counters = ("cards_created",)
     sender = "birthday@localhost"  # --from (BATCHRUN_FROM) sets a deployment's own
+    status_names = {"cards": "cards", "succeeded": "emails_sent"}  # batchrun 0.1's status
     requires = {
         "user": ("id", "first_name", "last_name", "email", "date_of_birth", "status"),
         "gift_card": ("recipient_email", "message", "status", "scheduled_at", "gift_code"),
@@ -104,6 +106,28 @@ class Birthday(batchrun.Job):
             redeem_url=redeem.replace("{code}", row["code"]) if redeem else None,
             postal_address=ctx.env.get("BATCHRUN_POSTAL_ADDRESS") or None,
         )
+
+    async def seed(
+        self, ctx: Context, count: int, *, seed: int = 1, force: bool = False
+    ) -> list[str]:
+        """``db seed``: demo users (a few inactive, a few without or with invalid addresses)."""
+        from batchrun.jobs.birthday import demo
+
+        added = await demo.seed_users(ctx.db, count, seed=seed, force=force)
+        samples = await demo.sample_ids(ctx.db)
+        shown = "; ".join(
+            f"{m:02d}: {', '.join(map(str, ids))}" for m, ids in samples.items() if ids
+        )
+        # Ids that exist, for `batchrun preview birthday --period 2025-MM --id N`.
+        return [f"added {added} users", f"eligible ids by month (for `preview --id`): {shown}"]
+
+    async def explain(self, ctx: Context) -> batchrun.job.Explained:
+        """``db explain``: the page query's plan without its index hint, and whether the
+        database reads the month through idx_user_birth_month_status_id."""
+        from batchrun.jobs.birthday import demo, explain
+
+        rows = await demo.explain(ctx.db, ctx.period)
+        return [("the birthday page query", rows)], explain.verdict(ctx.db.dialect, rows)
 
     async def status(self, ctx: Context) -> dict[str, int]:
         """Cards of the month, and users still to do (never touched, claimed or retrying)."""
