@@ -60,7 +60,6 @@ class Runtime:
             jobs = {job.name: job for job in jobs}
         self.jobs: dict[str, Job] = dict(jobs)
         self.store = store
-        self.mailer = mailer
         self.queue = queue
         self.settings = settings
         self.stop = stop or StopToken()
@@ -70,6 +69,15 @@ class Runtime:
         # One consumer for the runtime's life: its breaker and bug streak span batches.
         self.consumer = Consumer(self.wiring, self.jobs, self.stop)
         self._checked: list[object] = []  # the backends preflight found usable
+
+    @property
+    def mailer(self) -> Mailer | None:
+        """Where email goes: the effects' mailer (a test may swap it for a watching one)."""
+        return self.effects.mailer
+
+    @mailer.setter
+    def mailer(self, mailer: Mailer | None) -> None:
+        self.effects.mailer = mailer
 
     @property
     def job(self) -> Job:
