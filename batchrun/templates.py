@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 import jinja2
 import jinja2.meta
 
-from batchrun.errors import TemplateError
+from batchrun.errors import JobError, TemplateError
 
 if TYPE_CHECKING:
     from batchrun.job import Job
@@ -227,4 +227,30 @@ def job_folder(job: Job | type[Job]) -> Path:
     return first or Path.cwd() / "templates"
 
 
-__all__ = ["DEFAULTS", "Rendered", "TemplateError", "Templates", "job_folder", "template_names"]
+def compile_job(templates: Templates, job: Job, folder: Path | None, override: str | None) -> None:
+    """Compile every template of ``job``: those in its folder (``folder``, else its own)
+    and, in ``override`` (``--templates``), one named after the job; with what they
+    extend or include. A dry run does it too.
+
+    Raises:
+        JobError: a template is missing a part or does not compile (one line, exit 1).
+    """
+    names = set(template_names(folder or job_folder(job)))
+    if override is not None and job.name in template_names(Path(override)):
+        names.add(job.name)
+    for name in sorted(names):
+        try:
+            templates.load(name)
+        except TemplateError as exc:
+            raise JobError(f"job {job.name!r}: {exc}") from exc
+
+
+__all__ = [
+    "DEFAULTS",
+    "Rendered",
+    "TemplateError",
+    "Templates",
+    "compile_job",
+    "job_folder",
+    "template_names",
+]

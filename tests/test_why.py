@@ -54,25 +54,25 @@ async def test_the_five_stories(
     await rt.store.record_mail_event(job="birthday", once="2025", entity_id=bounced, event="bounce")
     await rt.store.suppress(b_addr, reason="bounce", source="ses-0001")
 
-    told = await story.tell(rt, rt.job, JUNE, sent)
+    told = await story.tell(rt.wiring, rt.job, JUNE, sent)
     assert (told.state, told.eligible) == ("sent", False)
     send = next(e for e in told.events if e.what == "sent")
     assert "<birthday.2025." + str(sent) + "@example.com>" in send.detail
     assert smtp_server.message_ids().count(f"<birthday.2025.{sent}@example.com>") == 1
     assert [e.at for e in told.events] == sorted(e.at for e in told.events)
 
-    told = await story.tell(rt, rt.job, JUNE, invalid)
+    told = await story.tell(rt.wiring, rt.job, JUNE, invalid)
     assert (told.state, told.eligible) == ("skipped", False)
     now = next(e for e in told.events if e.what == "not eligible now")
     assert "invalid address" in now.detail
     assert next(e for e in told.events if e.what == "skipped").detail == "invalid email address"
 
-    told = await story.tell(rt, rt.job, JUNE, suppressed)
+    told = await story.tell(rt.wiring, rt.job, JUNE, suppressed)
     assert (told.state, told.eligible) == ("skipped", False)
     assert "suppressed: unsubscribe" in next(e for e in told.events if e.what == "skipped").detail
     assert "unsubscribed" in whats(told)
 
-    told = await story.tell(rt, rt.job, JUNE, bounced)
+    told = await story.tell(rt.wiring, rt.job, JUNE, bounced)
     assert told.state == "sent" and "bounce" in whats(told) and "suppressed (bounce)" in whats(told)
     assert (
         "suppressed: bounce" in next(e for e in told.events if e.what == "not eligible now").detail
@@ -83,7 +83,7 @@ async def test_the_five_stories(
     assert whats(told).index("sent") < whats(told).index("suppressed (bounce)")
     assert sent_at <= suppressed_at
 
-    told = await story.tell(rt, rt.job, JUNE, dead)
+    told = await story.tell(rt.wiring, rt.job, JUNE, dead)
     assert told.state == "failed"
     failed = next(e for e in told.events if e.what == "failed")
     assert "550" in failed.detail and "1 attempt" in failed.detail
@@ -92,7 +92,7 @@ async def test_the_five_stories(
 
     # An entity not in the page at all (a July birthday) has no row and is not eligible.
     july = query(db_url, "SELECT id FROM user WHERE birth_month = 7 ORDER BY id LIMIT 1")
-    told = await story.tell(rt, rt.job, JUNE, int(july[0][0]))
+    told = await story.tell(rt.wiring, rt.job, JUNE, int(july[0][0]))
     assert told.state is None and not told.eligible
     assert "does not return it" in told.events[-1].detail or "no ledger row" in whats(told)
 
@@ -106,7 +106,7 @@ async def test_a_retrying_entity_shows_its_waiting_message(
     smtp_server.set_policy(fail_recipients({address: "451 4.3.0 Try again later"}))
     summary = await rt.run(JUNE)
     assert summary.queued_for_retry == 1, summary
-    told = await story.tell(rt, rt.job, JUNE, first)
+    told = await story.tell(rt.wiring, rt.job, JUNE, first)
     assert told.state == "retrying" and told.eligible
     retrying = next(e for e in told.events if e.what == "retrying")
     assert "451" in retrying.detail and "a retry message is queued" in retrying.detail
@@ -167,13 +167,13 @@ async def test_each_step_names_its_run(
     await history.end(run_id, exit_code=3, outcome="retrying", counts={})
     later = await history.start(kind="retry", job=None, period=None)  # a drain, not the run
 
-    told = await story.tell(rt, rt.job, JUNE, first)
+    told = await story.tell(rt.wiring, rt.job, JUNE, first)
     assert next(e for e in told.events if e.what == "sent").run_id == run_id
-    told = await story.tell(rt, rt.job, JUNE, second)
+    told = await story.tell(rt.wiring, rt.job, JUNE, second)
     assert next(e for e in told.events if e.what == "retrying").run_id == run_id
     assert next(e for e in told.events if e.what == "retry message waiting").run_id == run_id
     assert next(e for e in told.events if e.what == "eligible now").run_id is None
     # The ledger's own run_id (the run that claimed the entity) wins over the times.
     query(db_url, "UPDATE batchrun_ledger SET run_id = %s WHERE entity_id = %s", later, first)
-    told = await story.tell(rt, rt.job, JUNE, first)
+    told = await story.tell(rt.wiring, rt.job, JUNE, first)
     assert next(e for e in told.events if e.what == "sent").run_id == later

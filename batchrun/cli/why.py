@@ -45,7 +45,7 @@ def why(
         entry = context.registry.entry(job)
         which = period_option(entry.job.period, period, "--period")
         async with open_backends(settings, queue=True, jobs=[entry.job]) as backends:
-            told = await story.tell(context.runtime(backends), entry.job, which, entity)
+            told = await story.tell(context.runtime(backends).wiring, entry.job, which, entity)
         if as_json:
             print(json.dumps(told.to_json()))
             return 0

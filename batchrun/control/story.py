@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Any
 from batchrun.control.history import History
 from batchrun.db.base import now_ms
 from batchrun.db.store import FINAL_STATES, State
+from batchrun.effects.lender import NoEffects
 from batchrun.job import Context, Job
 from batchrun.mail.base import valid_address
 from batchrun.period import Period
 from batchrun.pipeline.pager import recheck
 from batchrun.queue.local import LocalQueue
-from batchrun.runtime.inspection import NoEffects
 
 if TYPE_CHECKING:
-    from batchrun.runtime.runtime import Runtime
+    from batchrun.pipeline.wiring import Wiring
 
 STATE_NAMES = {0: "pending", 1: "sent", 2: "skipped", 3: "retrying", 4: "failed"}
 MAX_MESSAGES = 100  # queue messages shown for one entity (there is one retry at a time)
@@ -98,28 +98,28 @@ def message_id(job: Job, key: str, sender: str) -> str:
 
 
 async def tell(
-    rt: Runtime, job: Job, period: Period, entity_id: int, *, runs_at: RunFinder | None = None
+    w: Wiring, job: Job, period: Period, entity_id: int, *, runs_at: RunFinder | None = None
 ) -> Story:
     """The story of ``entity_id`` for ``job``'s ``period``; reads only."""
-    ctx = Context(job, period, rt.store.jobdb, NoEffects(rt.store), dry_run=True)
+    ctx = Context(job, period, w.store.jobdb, NoEffects(w.store), dry_run=True)
     ctx = ctx.entity(entity_id)
     now = now_ms()
     events: list[Event] = []
-    eligible, address, why_not = await _eligibility(rt, job, ctx, entity_id)
+    eligible, address, why_not = await _eligibility(w, job, ctx, entity_id)
     state: str | None = None
-    row = await rt.store.db.fetchone("story_ledger", job=job.name, once=str(ctx.once), id=entity_id)
+    row = await w.store.db.fetchone("story_ledger", job=job.name, once=str(ctx.once), id=entity_id)
     if row is None:
         events.append(Event(now, "no ledger row", f"no run has claimed it for {ctx.once}"))
     else:
         state = STATE_NAMES.get(int(row[1]), str(row[1]))
-        events += _ledger_events(rt, job, ctx, row, now)
+        events += _ledger_events(w, job, ctx, row, now)
         if eligible and int(row[1]) in FINAL_STATES:
             eligible, why_not = False, f"finished for {ctx.once} ({state}): runs leave it"
     events.append(Event(now, "eligible now" if eligible else "not eligible now", why_not))
     if address is not None:
-        events += await _suppression_events(rt, address)
-    events += await _queue_events(rt, job, entity_id)
-    finder = runs_at or await history_finder(rt)
+        events += await _suppression_events(w, address)
+    events += await _queue_events(w, job, entity_id)
+    finder = runs_at or await history_finder(w)
     events = [
         Event(e.at, e.what, e.detail, await finder(job.name, e.at))
         if e.run_id is None and _by_a_run(e)
@@ -143,10 +143,10 @@ def _by_a_run(event: Event) -> bool:
     )
 
 
-async def history_finder(rt: Runtime, limit: int = 1000) -> RunFinder:
+async def history_finder(w: Wiring, limit: int = 1000) -> RunFinder:
     """The run of a job (or a process serving every job) going on at a moment, from the
     newest ``limit`` rows of the run history."""
-    runs = await History(rt.store.db, lease_s=rt.settings.lease_s).runs(limit=limit)
+    runs = await History(w.store.db, lease_s=w.settings.lease_s).runs(limit=limit)
 
     async def find(job: str, at: int) -> int | None:
         for run in runs:  # newest first: the innermost of overlapping runs wins
@@ -159,7 +159,7 @@ async def history_finder(rt: Runtime, limit: int = 1000) -> RunFinder:
 
 
 async def _eligibility(
-    rt: Runtime, job: Job, ctx: Context, entity_id: int
+    w: Wiring, job: Job, ctx: Context, entity_id: int
 ) -> tuple[bool, str | None, str]:
     """Whether a run would act on the entity now, its address, and why not."""
     row = await recheck(job, ctx, entity_id)
@@ -171,15 +171,13 @@ async def _eligibility(
         return True, None, "the job's page returns it"
     if not valid_address(address):
         return False, address, f"invalid address in {column}"
-    reason = (await rt.store.suppressed([address])).get(address)
+    reason = (await w.store.suppressed([address])).get(address)
     if reason is not None:
         return False, address, f"suppressed: {reason}"
     return True, address, "the job's page returns it; the address is valid and not suppressed"
 
 
-def _ledger_events(
-    rt: Runtime, job: Job, ctx: Context, row: Sequence[Any], now: int
-) -> list[Event]:
+def _ledger_events(w: Wiring, job: Job, ctx: Context, row: Sequence[Any], now: int) -> list[Event]:
     """The ledger row as steps: its state at its last change, and a bounce or complaint."""
     period, state, attempts, owner, lease_until = row[0], int(row[1]), int(row[2]), row[3], row[4]
     queued, error, updated, mail_event = bool(row[5]), row[6], int(row[7]), row[8]
@@ -187,7 +185,7 @@ def _ledger_events(
     tries = f"{attempts} attempt{'s' if attempts != 1 else ''}"
     out: list[Event] = []
     if state == State.SUCCEEDED:
-        mid = message_id(job, ctx.key, rt.settings.sender_for(job))
+        mid = message_id(job, ctx.key, w.settings.sender_for(job))
         out.append(
             Event(updated, "sent", f"Message-ID {mid} accepted ({tries}; period {period})", run)
         )
@@ -208,8 +206,8 @@ def _ledger_events(
     return out
 
 
-async def _suppression_events(rt: Runtime, address: str) -> list[Event]:
-    entry = await rt.store.suppression(address)
+async def _suppression_events(w: Wiring, address: str) -> list[Event]:
+    entry = await w.store.suppression(address)
     if entry is None:
         return []
     what = "unsubscribed" if entry.reason == "unsubscribe" else f"suppressed ({entry.reason})"
@@ -217,11 +215,11 @@ async def _suppression_events(rt: Runtime, address: str) -> list[Event]:
     return [Event(entry.created_at, what, f"the address is on the suppression list{source}")]
 
 
-async def _queue_events(rt: Runtime, job: Job, entity_id: int) -> list[Event]:
+async def _queue_events(w: Wiring, job: Job, entity_id: int) -> list[Event]:
     """The local queue's messages for the entity (retries and tasks)."""
-    if not isinstance(rt.queue, LocalQueue):
+    if not isinstance(w.queue, LocalQueue):
         return []
-    rows = await rt.store.db.fetchall(
+    rows = await w.store.db.fetchall(
         "story_queue",
         job_like=f'%"job":"{job.name}"%',
         id_like=f'%"id":{entity_id},%',

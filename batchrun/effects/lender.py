@@ -5,9 +5,9 @@ holds the mailer or the templates itself."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from batchrun import schemes
 from batchrun.effects.sending import Sender, make_limiter
@@ -67,11 +67,11 @@ class Effects:
 
     def compile(self, job: Job) -> None:
         """Compile every template ``job`` has, before anything is claimed or sent (see
-        ``runtime.preflight.compile_templates``)."""
-        from batchrun.runtime import preflight
+        ``templates.compile_job``)."""
+        from batchrun.templates import compile_job
 
         folder = self._templates_dirs.get(job.name)
-        preflight.compile_templates(self.templates(job), job, folder, self.settings.templates_dir)
+        compile_job(self.templates(job), job, folder, self.settings.templates_dir)
 
     async def limiter(self, rate: float | Literal["auto"] | None) -> AdaptiveRate | None:
         """The pacer for ``--rate`` (``auto``: from the mail provider's own limit)."""
@@ -121,3 +121,19 @@ class Effects:
                 "emails go out without one-click unsubscribe: Gmail and Yahoo require it of "
                 "bulk senders; set BATCHRUN_UNSUBSCRIBE_URL and BATCHRUN_UNSUBSCRIBE_SECRET"
             )
+
+
+class NoEffects:
+    """The effects of a context that must not act (``status``): it may read the list."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def send_email(self, ctx: Context, **fields: Any) -> None:
+        raise RuntimeError("no email from here")
+
+    async def suppressed(self, addresses: Iterable[str]) -> dict[str, str]:
+        return await self.store.suppressed(addresses)
+
+    def count(self, name: str, n: int) -> None:
+        pass

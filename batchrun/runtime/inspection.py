@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from batchrun.control.history import History
 from batchrun.db.base import Database
 from batchrun.db.store import FINAL_STATES, Scope, Store
+from batchrun.effects.lender import NoEffects
 from batchrun.effects.sending import Sender
 from batchrun.errors import UsageError
 from batchrun.job import Context, Job, Skip
@@ -19,22 +19,6 @@ from batchrun.pipeline.pager import recheck
 if TYPE_CHECKING:
     from batchrun.pipeline.engine import StopToken
     from batchrun.pipeline.wiring import Wiring
-
-
-class NoEffects:
-    """The effects of a context that must not act (``status``): it may read the list."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    async def send_email(self, ctx: Context, **fields: Any) -> None:
-        raise RuntimeError("no email from here")
-
-    async def suppressed(self, addresses: Iterable[str]) -> dict[str, str]:
-        return await self.store.suppressed(addresses)
-
-    def count(self, name: str, n: int) -> None:
-        pass
 
 
 async def status(w: Wiring, which: Job, period: Period, *, problems: int) -> dict[str, Any]:

@@ -20,17 +20,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from batchrun.db.store import Store
 from batchrun.errors import (
     BatchrunError,
-    JobError,
     MailConnectionError,
     NotMigratedError,
     QueueError,
-    TemplateError,
 )
 from batchrun.job import Job
 from batchrun.mail.base import Mailer
@@ -39,31 +36,8 @@ from batchrun.urls import mask_text
 
 if TYPE_CHECKING:
     from batchrun.pipeline.engine import StopToken
-    from batchrun.templates import Templates
 
 log = logging.getLogger(__name__)
-
-
-def compile_templates(
-    templates: Templates, job: Job, folder: Path | None, override: str | None
-) -> None:
-    """Compile every template of ``job``: those in its folder (``folder``, else its own)
-    and, in ``override`` (``--templates``), one named after the job; with what they
-    extend or include. A dry run does it too.
-
-    Raises:
-        JobError: a template is missing a part or does not compile (one line, exit 1).
-    """
-    from batchrun.templates import job_folder, template_names
-
-    names = set(template_names(folder or job_folder(job)))
-    if override is not None and job.name in template_names(Path(override)):
-        names.add(job.name)
-    for name in sorted(names):
-        try:
-            templates.load(name)
-        except TemplateError as exc:
-            raise JobError(f"job {job.name!r}: {exc}") from exc
 
 
 async def check_tables(store: Store, jobs: Iterable[Job]) -> None:

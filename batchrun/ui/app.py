@@ -158,7 +158,7 @@ class Dashboard:
         except ValueError as exc:
             return PlainTextResponse(str(exc), status_code=400)
         entity_id = int(request.path_params["entity"])
-        told = await story.tell(self.runtime, job, period, entity_id)
+        told = await story.tell(self.runtime.wiring, job, period, entity_id)
         return self.page(request, "entity.html", story=told.to_json())
 
     async def run_page(self, request: Request) -> Response:

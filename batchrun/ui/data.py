@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchrun.control.story import STATE_NAMES, iso
+from batchrun.effects.lender import NoEffects
 from batchrun.errors import QueueError
 from batchrun.job import Context, Job
 from batchrun.period import Period, current, parse
 from batchrun.queue import dead
 from batchrun.queue.dead import DeadLetter
 from batchrun.queue.local import LocalQueue
-from batchrun.runtime.inspection import NoEffects
 from batchrun.runtime.runtime import Runtime
 
 DONE = ("sent", "skipped", "failed")
