@@ -48,7 +48,11 @@ class PostfixSink:
             open(Path(self.dir.name) / "stderr", "ab") as err,
         ):
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err)
-        self._wait_listening(host)
+        try:
+            self._wait_listening(host)
+        except RuntimeError:
+            self.close()
+            raise
         self.base = self._counters()
 
     def _wait_listening(self, host: str) -> None:
@@ -56,7 +60,8 @@ class PostfixSink:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 why = (Path(self.dir.name) / "stderr").read_text(errors="replace")[-500:]
-                raise RuntimeError(f"smtp-sink exited ({self.proc.returncode}): {why.strip()}")
+                why = why.strip() or "nothing on stderr"
+                raise RuntimeError(f"smtp-sink exited with status {self.proc.returncode} ({why})")
             try:
                 with socket.create_connection((host, self.port), timeout=1) as s:
                     s.sendall(b"QUIT\r\n")
