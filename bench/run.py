@@ -716,6 +716,11 @@ class Bench:
                         self.postgres(size, smtp)
                 if size in args.lean_sizes and self.lean_sinks:
                     self._lean_compare(size, int(facts["eligible"]))
+                    postfix = self.lean_sinks.get("smtp-sink")
+                    if args.profile and postfix is not None:
+                        facts["profile_smtp_sink"] = self.profile(
+                            size, f"smtp://127.0.0.1:{postfix.port}", "smtp-sink"
+                        )
                 if size in args.naive_sizes:
                     naive = [self.naive(size) for _ in range(self.args.naive_repeat)]
                     self._keep_best(naive)
@@ -1350,7 +1355,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="event loop of batchrun and the ceiling (the naive port stays on asyncio)",
     )
     parser.add_argument(
-        "--profile", default=None, help="also profile batchrun with py-spy into DIR"
+        "--profile",
+        default=None,
+        help="also profile batchrun with py-spy into DIR (smtp and discard at --sizes; "
+        "against smtp-sink at --lean-sizes)",
     )
     args = parser.parse_args(argv)
     if args.quick:
