@@ -134,8 +134,11 @@ class Result:
 
     @property
     def message_bytes(self) -> float | None:
-        """The mean size of the messages the sink received (DATA up to the final dot)."""
-        return self.sink_bytes / self.sink_messages if self.sink_messages else None
+        """The mean size of the messages the sink received (DATA up to the final dot; None
+        when the sink does not count bytes, as smtp-sink)."""
+        return (
+            self.sink_bytes / self.sink_messages if self.sink_bytes and self.sink_messages else None
+        )
 
     @property
     def is_db(self) -> bool:
