@@ -1061,7 +1061,7 @@ def render(
     lean: list[Result] | None = None,
 ) -> None:
     """The tables (the main one, the lean comparison) and the target lines, on stdout."""
-    out = Console(width=max(Console().width, 180))
+    out = Console(width=max(Console().width, 200))
     lean = lean or []
     if results:
         out.print(main_table(results, args))
@@ -1096,7 +1096,10 @@ def main_table(results: list[Result], args: argparse.Namespace) -> Table:
         "sink CPU s",
         "other CPU s",
     ):
-        table.add_column(name, justify="left" if name == "contender" else "right")
+        if name == "contender":  # never cut: the widest is "batchrun/postgresql"
+            table.add_column(name, justify="left", min_width=19, no_wrap=True)
+        else:
+            table.add_column(name, justify="right")
     order = {
         "batchrun": 0,
         "batchrun/discard": 1,
