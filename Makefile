@@ -70,11 +70,17 @@ email-picture: install  ## docs/birthday-email.png, the README's picture of the 
 dashboard-picture: install  ## docs/dashboard.png, the README's picture of `batchrun ui` during a run (needs chromium and chromium-driver)
 	$(BIN)/python docs/dashboard_picture.py
 
-.PHONY: bench bench-quick bench-migrate
+.PHONY: bench bench-quick bench-migrate bench-lean
 
-bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling, then bench-migrate (MariaDB on 127.0.0.1:3306)
+bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling, the lean comparison at 1M, then bench-migrate (MariaDB on 127.0.0.1:3306)
 	$(BIN)/python -m bench.run --repeat 3 --json bench/results.json
 	$(MAKE) bench-migrate
+
+LEAN_USERS ?= 1000000
+LEAN_REPEAT ?= 1
+
+bench-lean: install  ## only the lean comparison: batchrun vs bench/lean.py at concurrency 50 and 200, on the bench's sink and Postfix's smtp-sink (LEAN_USERS=1000000)
+	$(BIN)/python -m bench.run --sizes $(LEAN_USERS) --lean-only --repeat $(LEAN_REPEAT) --json bench/results-lean.json
 
 MIGRATE_ROWS ?= 2000000
 

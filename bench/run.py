@@ -15,7 +15,13 @@ process, a set latency per message) and measures, each as a real subprocess:
 - ``batchrun/postgresql``: ``batchrun birthday`` against PostgreSQL (``--postgres``, off
   with ``--no-postgres``): the same users (same seed) in a fresh database, the same sink;
   its rows read and round trips come from that database's own ``pg_stat_*`` counters
-  (``bench/pgstat.py``), not the MariaDB ones.
+  (``bench/pgstat.py``), not the MariaDB ones;
+- the lean comparison (``--lean-sizes``, default the largest size; ``--lean-only`` for it
+  alone): ``batchrun birthday`` and ``lean`` (``bench/lean.py``, raw SMTP over asyncio
+  streams, no database) at each ``--lean-concurrency`` (50 and 200), against the bench's
+  sink and against Postfix's ``smtp-sink`` (``bench/postfix_sink.py``, a C server that is
+  not the limit; skipped with one line if it is not installed), with batchrun's share of
+  the lean sender's users/s and each one's CPU per entity.
 
 Before each contender the job's tables are emptied (gift_card, batchrun_ledger,
 batchrun_queue), so every contender starts from the same state. Rows examined and round
@@ -48,8 +54,9 @@ from rich.table import Table
 if __package__ in (None, ""):  # run as `python bench/run.py`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import mysqlstat, pgstat
+from bench import mysqlstat, pgstat, postfix_sink
 from bench.mysqlstat import Server, query
+from bench.postfix_sink import PostfixSink
 
 ROOT = Path(__file__).resolve().parent.parent
 MONTH = "2025-06"
@@ -58,6 +65,12 @@ BATCHRUN = str(BIN / "batchrun") if (BIN / "batchrun").exists() else "batchrun"
 JOB_TABLES = ("gift_card", "batchrun_ledger", "batchrun_queue")
 GREETING_JOB = ROOT / "bench" / "greeting_job.py"  # the user-defined job, loaded with --jobs
 CEILING_TARGET = 0.88  # the issue: birthday at least 88% of the ceiling at 100k and 1M
+# "One path for every entity": batchrun >= 75% of the lean sender's users/s against
+# smtp-sink, with <= 0.12 ms of its CPU per entity (goals to report, not to assert).
+LEAN_TARGET = 0.75
+LEAN_CPU_MS_TARGET = 0.12
+LEAN_CONCURRENCY = (50, 200)
+LEAN_SINKS = ("bench", "smtp-sink")
 NAIVE_INDEX = "bench_naive_scheduled_email"
 # Why 200: at 20 ms per message a connection carries at most ~50 msg/s, less the SMTP
 # round trips (MAIL, RCPT, DATA, body) that queue behind a busy event loop; the ceiling
@@ -95,7 +108,21 @@ class Result:
     sink_bytes: int = 0
     vs_naive: float | None = None
     vs_ceiling: float | None = None
+    sink: str | None = None  # the lean comparison's rows: "bench" or "smtp-sink"
+    concurrency: int | None = None  # the lean comparison's rows: their --concurrency
     detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """The contender, with the sink and concurrency of a lean comparison row."""
+        if self.sink is None:
+            return self.contender
+        return f"{self.contender} ({self.sink}, c{self.concurrency})"
+
+    @property
+    def cpu_ms_per_entity(self) -> float | None:
+        """The process's user + system CPU (start-up included) per user or message done."""
+        return 1000 * self.cpu_s / self.users if self.users else None
 
     @property
     def rows_per_user(self) -> float | None:
@@ -107,18 +134,22 @@ class Result:
 
     @property
     def message_bytes(self) -> float | None:
-        """The mean size of the messages the sink received (DATA up to the final dot)."""
-        return self.sink_bytes / self.sink_messages if self.sink_messages else None
+        """The mean size of the messages the sink received (DATA up to the final dot; None
+        when the sink does not count bytes, as smtp-sink)."""
+        return (
+            self.sink_bytes / self.sink_messages if self.sink_bytes and self.sink_messages else None
+        )
 
     @property
     def is_db(self) -> bool:
-        return not self.contender.startswith("ceiling")
+        return not (self.contender.startswith("ceiling") or self.contender == "lean")
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["rows_examined_per_user"] = _round(self.rows_per_user, 3)
         data["round_trips_per_user"] = _round(self.trips_per_user, 3)
         data["message_bytes"] = _round(self.message_bytes, 1)
+        data["cpu_ms_per_entity"] = _round(self.cpu_ms_per_entity, 4)
         data["questions_per_user"] = (
             _round(self.questions / self.eligible, 3) if self.eligible and self.is_db else None
         )
@@ -247,7 +278,24 @@ class Bench:
             self.mariadb_pid = mysqlstat.server_pid(conn)
             self.noise = self._calibrate(conn)
         self.results: list[Result] = []
+        self.lean_results: list[Result] = []  # the lean comparison (--lean-sizes)
         self.sizes: dict[int, dict[str, Any]] = {}
+        # The lean comparison's sinks by name: the bench's own (its latency) and smtp-sink.
+        self.lean_sinks: dict[str, Sink | PostfixSink] = {}
+        self.lean_skipped: str | None = None  # why the smtp-sink rows were left out
+        if args.lean_sizes:
+            if "bench" in args.lean_sinks:
+                self.lean_sinks["bench"] = self.sink
+            if "smtp-sink" in args.lean_sinks:
+                why = postfix_sink.missing()
+                if why is None:
+                    try:
+                        self.lean_sinks["smtp-sink"] = PostfixSink()
+                    except (OSError, RuntimeError) as exc:
+                        why = f"it did not start: {exc}"
+                if why is not None:
+                    self.lean_skipped = f"smtp-sink rows skipped: {why}"
+                    console.print(f"[yellow]{self.lean_skipped}[/]", highlight=False)
         self.pg: pgstat.PgServer | None = None
         if not args.no_postgres:
             self.pg = pgstat.PgServer(args.postgres)
@@ -329,11 +377,16 @@ class Bench:
 
     # -- one measured contender -----------------------------------------------------------
 
-    def measure(self, contender: str, size: int, cmd: Sequence[str]) -> tuple[Finished, Result]:
-        """Run one contender with the counters, CPU and sink read around it."""
+    def measure(
+        self, contender: str, size: int, cmd: Sequence[str], sink: Sink | PostfixSink | None = None
+    ) -> tuple[Finished, Result]:
+        """Run one contender with the counters, CPU and sink (the bench's by default) read
+        around it."""
         facts = self.sizes[size]
         digest = package_digest()
-        sink0 = float(self.sink.command("reset")["cpu_s"])  # answers the stats before it
+        sink = sink or self.sink
+        stats0 = sink.command("reset")  # answers the stats before it
+        sink0 = float(stats0["cpu_s"])
         with self.server.connect() as conn:
             busy0 = mysqlstat.machine_busy_s()
             db0 = mysqlstat.process_cpu_s(self.mariadb_pid)
@@ -342,7 +395,7 @@ class Bench:
             after = mysqlstat.counters(conn)
             db1 = mysqlstat.process_cpu_s(self.mariadb_pid)
             busy1 = mysqlstat.machine_busy_s()
-        sink = self.sink.command("stats")
+        stats = sink.command("stats")
         d = mysqlstat.delta(before, after)
         d = {k: max(0, v - self.noise.get(k, 0)) for k, v in d.items()}
         db_cpu = None if db0 is None or db1 is None else db1 - db0
@@ -359,14 +412,14 @@ class Bench:
             peak_rss_mb=round(finished.peak_rss_mb, 1),
             cpu_s=round(finished.cpu_s, 2),
             mariadb_cpu_s=_round(db_cpu, 2),
-            sink_cpu_s=round(float(sink["cpu_s"]) - sink0, 2),
+            sink_cpu_s=round(float(stats["cpu_s"]) - sink0, 2),
             other_cpu_s=None,
             rows_examined=mysqlstat.rows_examined(d),
             statements=mysqlstat.statements(d),
             questions=d.get("Questions", 0),
-            sink_messages=int(sink["messages"]),
-            sink_connections=int(sink["connections"]),
-            sink_bytes=int(sink.get("bytes", 0)),
+            sink_messages=int(stats["messages"]),
+            sink_connections=int(stats["connections"]),
+            sink_bytes=int(stats.get("bytes", 0)),
             detail={"counters": d},
         )
         result.detail["machine_busy_s"] = round(busy1 - busy0, 2)
@@ -384,13 +437,26 @@ class Bench:
         result.other_cpu_s = round(max(0.0, result.detail["machine_busy_s"] - own), 2)
         tail = f"[red] exit {result.exit_code}[/]" if result.exit_code not in (0,) else ""
         console.print(
-            f"  {result.contender:<17} {result.users:>8,} users in {result.duration_s:8.2f} s"
+            f"  {result.label:<26} {result.users:>8,} users in {result.duration_s:8.2f} s"
             f" = {result.users_per_s:>8,.1f} users/s, rss {result.peak_rss_mb:6.1f} MB{tail}"
         )
         return result
 
-    def batchrun(self, size: int, mail: str, label: str, job: str = "birthday") -> Result:
-        """One run of ``job``: the built-in birthday, or the user-defined greeting."""
+    def batchrun(
+        self,
+        size: int,
+        mail: str,
+        label: str,
+        job: str = "birthday",
+        *,
+        concurrency: int | None = None,
+        sink: str | None = None,
+    ) -> Result:
+        """One run of ``job``: the built-in birthday, or the user-defined greeting.
+
+        ``concurrency`` and ``sink`` (a name in ``lean_sinks``, the one ``mail`` points
+        at): a row of the lean comparison; otherwise ``--concurrency`` and the bench's sink.
+        """
         database = self.sizes[size]["database"]
         self.reset(database)
         cmd = [*self.launcher("batchrun"), "--db", self.server.db_url(database), "--mail", mail]
@@ -398,10 +464,12 @@ class Bench:
             cmd += ["birthday", "--month", MONTH]
         else:  # a user-defined job: loaded from its file, run by name
             cmd += ["--jobs", str(GREETING_JOB), "run", job, "--period", MONTH]
-        cmd += ["--concurrency", str(self.args.concurrency), "--json"]
+        cmd += ["--concurrency", str(concurrency or self.args.concurrency), "--json"]
         if self.args.page_size:
             cmd += ["--page-size", str(self.args.page_size)]
-        finished, result = self.measure(label, size, cmd)
+        finished, result = self.measure(label, size, cmd, self.lean_sinks[sink] if sink else None)
+        if sink is not None:
+            result.sink, result.concurrency = sink, concurrency
         if finished.code not in (0, 3):
             console.print(finished.stderr[-2000:], markup=False)
             lines = finished.stderr.strip().splitlines()
@@ -543,6 +611,21 @@ class Bench:
             result, int(data["messages"]), int(data["messages"]), float(data["duration_s"])
         )
 
+    def lean(self, size: int, messages: int, sink: str, concurrency: int) -> Result:
+        """The lean sender (``bench/lean.py``) against ``sink`` at ``concurrency``."""
+        target = self.lean_sinks[sink]
+        cmd = [*self.launcher("bench.lean"), "--port", str(target.port)]
+        cmd += ["--messages", str(messages), "--concurrency", str(concurrency)]
+        cmd += ["--shape", "birthday"]
+        finished, result = self.measure("lean", size, cmd, target)
+        result.sink, result.concurrency = sink, concurrency
+        _check(finished, "bench.lean")
+        data = _last_json(finished.stdout)
+        result.detail["lean"] = data
+        return self._finish(
+            result, int(data["messages"]), int(data["messages"]), float(data["duration_s"])
+        )
+
     def naive(self, size: int) -> Result:
         database = self.sizes[size]["database"]
         self.reset(database)
@@ -624,7 +707,7 @@ class Bench:
 
     def run(self) -> None:
         args = self.args
-        sizes = sorted(set(args.sizes) | set(args.naive_sizes))
+        sizes = sorted(set(args.sizes) | set(args.naive_sizes) | set(args.lean_sizes))
         smtp = f"smtp://127.0.0.1:{self.sink.port}"
         for size in sizes:
             facts = self.prepare(size)
@@ -634,6 +717,13 @@ class Bench:
                     self._compare(size, smtp, int(facts["eligible"]))
                     if self.pg is not None:
                         self.postgres(size, smtp)
+                if size in args.lean_sizes and self.lean_sinks:
+                    self._lean_compare(size, int(facts["eligible"]))
+                    postfix = self.lean_sinks.get("smtp-sink")
+                    if args.profile and postfix is not None:
+                        facts["profile_smtp_sink"] = self.profile(
+                            size, f"smtp://127.0.0.1:{postfix.port}", "smtp-sink"
+                        )
                 if size in args.naive_sizes:
                     naive = [self.naive(size) for _ in range(self.args.naive_repeat)]
                     self._keep_best(naive)
@@ -651,6 +741,7 @@ class Bench:
                 if not args.keep_db:
                     self.drop(facts["database"])
         self._ratios()
+        lean_ratios(self.lean_results)
 
     def _compare(self, size: int, smtp: str, eligible: int) -> None:
         """batchrun, the ceiling, greeting, its ceiling and batchrun/discard, ``--repeat``
@@ -682,8 +773,29 @@ class Bench:
         for runs in rounds.values():
             self._keep_best(runs)
 
+    def _lean_compare(self, size: int, eligible: int) -> None:
+        """batchrun's birthday run and the lean sender on each sink at each
+        ``--lean-concurrency``, ``--repeat`` rounds of one run each, the lean sender right
+        after the batchrun run it is compared with; each one's fastest run is kept."""
+        rounds: dict[tuple[str, str, int], list[Result]] = {}
+        for _ in range(self.args.repeat):
+            for sink, target in self.lean_sinks.items():
+                mail = f"smtp://127.0.0.1:{target.port}"
+                for c in self.args.lean_concurrency:
+                    b = self.batchrun(size, mail, "batchrun", concurrency=c, sink=sink)
+                    rounds.setdefault(("batchrun", sink, c), []).append(b)
+                    lean = self.lean(size, b.sent or eligible, sink, c)
+                    rounds.setdefault(("lean", sink, c), []).append(lean)
+        self.lean_results += [self._best(runs) for runs in rounds.values()]
+
     def _keep_best(self, runs: list[Result]) -> Result:
         """Keep a contender's fastest run of ``runs`` (the least disturbed one)."""
+        best = self._best(runs)
+        self.results.append(best)
+        return best
+
+    def _best(self, runs: list[Result]) -> Result:
+        """A contender's fastest run of ``runs``, with the others' rates and failures."""
         best = max(runs, key=lambda r: (r.exit_code in (0, 3), r.users_per_s))
         if len(runs) > 1:
             best.detail["repeats_users_per_s"] = [r.users_per_s for r in runs]
@@ -692,7 +804,6 @@ class Bench:
             best.detail["failed_runs"] = [
                 {"exit_code": r.exit_code, "error": r.detail.get("error", "")} for r in failed
             ]
-        self.results.append(best)
         return best
 
     def _ratios(self) -> None:
@@ -718,6 +829,9 @@ class Bench:
 
     def close(self) -> None:
         self.sink.close()
+        for sink in self.lean_sinks.values():
+            if sink is not self.sink:
+                sink.close()
 
 
 # -- reporting ------------------------------------------------------------------------------
@@ -831,11 +945,63 @@ def _session_rows(sizes_facts: dict[int, dict[str, Any]] | None, size: int) -> f
     return float(data["rows_per_user"]) if data else None
 
 
+def lean_ratios(results: list[Result]) -> list[dict[str, Any]]:
+    """batchrun's users/s over the lean sender's, per (size, sink, concurrency), with each
+    one's CPU per entity (also stored as ``detail.vs_lean`` of the batchrun row)."""
+    by = {(r.contender, r.size, r.sink, r.concurrency): r for r in results}
+    out = []
+    for r in sorted(results, key=lambda r: (r.size, r.sink or "", r.concurrency or 0)):
+        lean = by.get(("lean", r.size, r.sink, r.concurrency))
+        if r.contender != "batchrun" or lean is None or not lean.users_per_s:
+            continue
+        r.detail["vs_lean"] = ratio = round(r.users_per_s / lean.users_per_s, 3)
+        out.append(
+            {
+                "size": r.size,
+                "sink": r.sink,
+                "concurrency": r.concurrency,
+                "batchrun_users_per_s": r.users_per_s,
+                "lean_users_per_s": lean.users_per_s,
+                "ratio": ratio,
+                "batchrun_cpu_ms_per_entity": _round(r.cpu_ms_per_entity, 4),
+                "lean_cpu_ms_per_entity": _round(lean.cpu_ms_per_entity, 4),
+            }
+        )
+    return out
+
+
+def lean_goals(ratios: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's goals for the lean comparison, judged against smtp-sink only (the bench's
+    sink, with its latency, bounds both senders at low concurrency)."""
+    out: list[dict[str, Any]] = []
+    for x in ratios:
+        if x["sink"] != "smtp-sink":
+            continue
+        at = f"against smtp-sink at concurrency {x['concurrency']}, {x['size']:,} users"
+        out.append(
+            {
+                "target": f"batchrun >= {100 * LEAN_TARGET:.0f}% of the lean sender {at}",
+                "pass": x["ratio"] >= LEAN_TARGET,
+                "value": f"{100 * x['ratio']:.0f}% ({x['batchrun_users_per_s']:,.0f} vs "
+                f"{x['lean_users_per_s']:,.0f} users/s)",
+            }
+        )
+        cpu, lean_cpu = x["batchrun_cpu_ms_per_entity"], x["lean_cpu_ms_per_entity"]
+        out.append(
+            {
+                "target": f"batchrun's CPU <= {LEAN_CPU_MS_TARGET} ms per entity {at}",
+                "pass": cpu is not None and cpu <= LEAN_CPU_MS_TARGET,
+                "value": f"{_fmt(cpu, '{:.3f}')} ms (lean sender {_fmt(lean_cpu, '{:.3f}')} ms)",
+            }
+        )
+    return out
+
+
 def checks(results: list[Result]) -> list[dict[str, Any]]:
     """Consistency of each run: one email per user sent, one card per user."""
     out: list[dict[str, Any]] = []
     for r in results:
-        name = f"{r.contender} at {r.size:,}"
+        name = f"{r.label} at {r.size:,}"
         summary = r.detail.get("summary", {})
         if r.contender in ("batchrun", "batchrun/postgresql"):
             out.append(
@@ -877,7 +1043,7 @@ def checks(results: list[Result]) -> list[dict[str, Any]]:
                     "value": f"a run exited {failure['exit_code']}: {failure['error']}",
                 }
             )
-        if r.contender.startswith("ceiling") or r.contender == "naive":
+        if r.contender.startswith("ceiling") or r.contender in ("naive", "lean"):
             out.append(
                 {
                     "check": f"{name}: sink received what it sent",
@@ -889,10 +1055,23 @@ def checks(results: list[Result]) -> list[dict[str, Any]]:
 
 
 def render(
-    results: list[Result], sizes: dict[int, dict[str, Any]], args: argparse.Namespace
+    results: list[Result],
+    sizes: dict[int, dict[str, Any]],
+    args: argparse.Namespace,
+    lean: list[Result] | None = None,
 ) -> None:
-    """The table and the target lines, on stdout."""
-    out = Console(width=max(Console().width, 180))
+    """The tables (the main one, the lean comparison) and the target lines, on stdout."""
+    out = Console(width=max(Console().width, 200))
+    lean = lean or []
+    if results:
+        out.print(main_table(results, args))
+    if lean:
+        out.print(lean_table(lean, args))
+    _render_notes(out, results, sizes, lean)
+
+
+def main_table(results: list[Result], args: argparse.Namespace) -> Table:
+    """Every contender but the lean comparison's, by size."""
     table = Table(
         title=f"batchrun bench: June, SMTP latency {args.latency_ms:g} ms, "
         f"concurrency {args.concurrency} (naive: 20), {args.loop} event loop",
@@ -912,11 +1091,15 @@ def render(
         "peak RSS MB",
         "msg bytes",
         "CPU s",
+        "CPU ms/user",
         "db CPU s",
         "sink CPU s",
         "other CPU s",
     ):
-        table.add_column(name, justify="left" if name == "contender" else "right")
+        if name == "contender":  # never cut: the widest is "batchrun/postgresql"
+            table.add_column(name, justify="left", min_width=19, no_wrap=True)
+        else:
+            table.add_column(name, justify="right")
     order = {
         "batchrun": 0,
         "batchrun/discard": 1,
@@ -949,11 +1132,71 @@ def render(
             f"{r.peak_rss_mb:.0f}",
             _fmt(r.message_bytes, "{:,.0f}"),
             f"{r.cpu_s:.1f}",
+            _fmt(r.cpu_ms_per_entity, "{:.3f}"),
             _fmt(r.mariadb_cpu_s, "{:.1f}"),
             _fmt(r.sink_cpu_s, "{:.1f}"),
             _fmt(r.other_cpu_s, "{:.1f}"),
         )
-    out.print(table)
+    return table
+
+
+def lean_table(results: list[Result], args: argparse.Namespace) -> Table:
+    """The lean comparison: batchrun and the lean sender per sink and concurrency."""
+    table = Table(
+        title="lean comparison: batchrun's birthday run vs the lean sender (bench/lean.py), "
+        f"same sink; bench sink {args.latency_ms:g} ms latency, smtp-sink none; "
+        f"{args.loop} event loop",
+        show_lines=False,
+    )
+    for name in (
+        "N users",
+        "sink",
+        "conc.",
+        "contender",
+        "done",
+        "seconds",
+        "users/s",
+        "% lean",
+        "CPU s",
+        "CPU ms/entity",
+        "peak RSS MB",
+        "msg bytes",
+        "db CPU s",
+        "sink CPU s",
+        "other CPU s",
+    ):
+        table.add_column(name, justify="left" if name in ("sink", "contender") else "right")
+    for r in sorted(
+        results, key=lambda r: (r.size, r.sink or "", r.concurrency or 0, r.contender != "lean")
+    ):
+        ratio = r.detail.get("vs_lean")
+        table.add_row(
+            f"{r.size:,}",
+            r.sink,
+            str(r.concurrency),
+            r.contender,
+            f"{r.users:,}",
+            f"{r.duration_s:.2f}",
+            f"{r.users_per_s:,.0f}",
+            _fmt(None if ratio is None else 100 * ratio, "[bold]{:.0f}%[/]"),
+            f"{r.cpu_s:.2f}",
+            _fmt(r.cpu_ms_per_entity, "{:.3f}"),
+            f"{r.peak_rss_mb:.0f}",
+            _fmt(r.message_bytes, "{:,.0f}"),
+            _fmt(r.mariadb_cpu_s if r.is_db else None, "{:.1f}"),
+            _fmt(r.sink_cpu_s, "{:.1f}"),
+            _fmt(r.other_cpu_s, "{:.1f}"),
+        )
+    return table
+
+
+def _render_notes(
+    out: Console,
+    results: list[Result],
+    sizes: dict[int, dict[str, Any]],
+    lean: list[Result],
+) -> None:
+    """Seeding facts, naive growth, targets and goals, warnings and failed checks."""
     for size, facts in sorted(sizes.items()):
         seeded = f"{facts['seed_s']:.1f} s" if facts.get("seed_s") is not None else "reused"
         out.print(
@@ -971,9 +1214,10 @@ def render(
     growth = naive_growth(results)
     if growth:
         out.print("  " + growth["text"], highlight=False)
-    for t in targets(results, sizes):
+    for t in targets(results, sizes) + lean_goals(lean_ratios(lean)):
         mark = "[green]PASS[/]" if t["pass"] else "[red]FAIL[/]"
         out.print(f"{mark}  {t['target']}: {t['value']}", highlight=False)
+    results = results + lean
     digests = {
         r.detail.get("package_digest")
         for r in results
@@ -993,7 +1237,7 @@ def render(
     if others:
         out.print(
             "[yellow]note:[/] other processes used the CPU during "
-            + ", ".join(f"{r.contender}@{r.size:,}" for r in others)
+            + ", ".join(f"{r.label}@{r.size:,}" for r in others)
             + " (see 'other CPU s'); their numbers are noisier",
             highlight=False,
         )
@@ -1016,6 +1260,17 @@ def _sizes(text: str) -> list[int]:
     return [int(float(p)) for p in text.replace("_", "").split(",") if p.strip()]
 
 
+def _names(choices: Sequence[str]) -> Any:
+    def parse(text: str) -> list[str]:
+        names = [p.strip() for p in text.split(",") if p.strip()]
+        unknown = [n for n in names if n not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: not one of {choices}")
+        return names
+
+    return parse
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(
@@ -1023,6 +1278,32 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--sizes", type=_sizes, default=[100_000, 1_000_000])
     parser.add_argument("--naive-sizes", type=_sizes, default=[20_000, 100_000])
+    parser.add_argument(
+        "--lean-sizes",
+        type=_sizes,
+        default=None,
+        help="sizes of the lean comparison (batchrun vs bench/lean.py per sink and "
+        "concurrency; default: the largest of --sizes; '' for none)",
+    )
+    parser.add_argument(
+        "--lean-only",
+        action="store_true",
+        help="run only the lean comparison, at --sizes (no ceiling, greeting, discard, "
+        "naive, PostgreSQL or rows run)",
+    )
+    parser.add_argument(
+        "--lean-concurrency",
+        type=_sizes,
+        default=list(LEAN_CONCURRENCY),
+        help="concurrencies of the lean comparison (default %(default)s)",
+    )
+    parser.add_argument(
+        "--lean-sinks",
+        type=_names(LEAN_SINKS),
+        default=list(LEAN_SINKS),
+        help="sinks of the lean comparison: bench (bench/smtp_sink.py, --latency-ms) and "
+        f"smtp-sink (Postfix's, {postfix_sink.SMTP_SINK}, no latency); default both",
+    )
     parser.add_argument("--latency-ms", type=float, default=20.0)
     parser.add_argument(
         "--concurrency",
@@ -1080,11 +1361,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="event loop of batchrun and the ceiling (the naive port stays on asyncio)",
     )
     parser.add_argument(
-        "--profile", default=None, help="also profile batchrun with py-spy into DIR"
+        "--profile",
+        default=None,
+        help="also profile batchrun with py-spy into DIR (smtp and discard at --sizes; "
+        "against smtp-sink at --lean-sizes)",
     )
     args = parser.parse_args(argv)
     if args.quick:
         args.sizes, args.naive_sizes = [20_000], [5_000, 20_000]
+    if args.lean_only:
+        args.lean_sizes, args.sizes, args.naive_sizes = args.sizes, [], []
+        args.no_postgres = True
+    elif args.lean_sizes is None:
+        args.lean_sizes = [max(args.sizes)] if args.sizes else []
     return args
 
 
@@ -1097,7 +1386,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         bench.run()
     finally:
         bench.close()
-    render(bench.results, bench.sizes, args)
+    render(bench.results, bench.sizes, args, bench.lean_results)
     with Server(args.mysql).connect() as conn:
         version = str(query(conn, "SELECT VERSION()")[0][0])
         pool_mb = int(query(conn, "SELECT @@innodb_buffer_pool_size")[0][0]) // 2**20
@@ -1128,7 +1417,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "results": [r.to_json() for r in bench.results],
         "naive_growth": naive_growth(bench.results),
         "targets": targets(bench.results, bench.sizes),
-        "checks": checks(bench.results),
+        "lean_comparison": {
+            "sizes": args.lean_sizes,
+            "concurrency": args.lean_concurrency,
+            "sinks": sorted(bench.lean_sinks),
+            "skipped": bench.lean_skipped,
+            "results": [r.to_json() for r in bench.lean_results],
+            "ratios": lean_ratios(bench.lean_results),
+            "goals": lean_goals(lean_ratios(bench.lean_results)),
+        },
+        "checks": checks(bench.results + bench.lean_results),
     }
     if args.json_path:
         Path(args.json_path).write_text(json.dumps(data, indent=2) + "\n")
