@@ -44,11 +44,11 @@ REGISTRY: tuple[Scheme, ...] = (
     Scheme("mail", ("smtp",), "smtp://host:port", "batchrun.mail.smtp", dkim=True, mailbox=True),
     Scheme("mail", ("smtps",), "smtps://host:port", "batchrun.mail.smtp", dkim=True,
            mailbox=True),
-    Scheme("mail", ("ses",), "ses://REGION", "batchrun.mail.ses", mailbox=True,
-           self_signs=True, rate=True),
     Scheme("mail", ("file",), "file://DIR", "batchrun.mail.file", dkim=True),
     Scheme("mail", ("console",), "console://", "batchrun.mail.console"),
     Scheme("mail", ("discard",), "discard://", "batchrun.mail.console"),
+    Scheme("mail", ("ses",), "ses://REGION", "batchrun.mail.ses", mailbox=True,
+           self_signs=True, rate=True),
     Scheme("queue", ("https", "http"), "https://sqs.REGION.amazonaws.com/ACCOUNT/NAME",
            "batchrun.queue.sqs"),
 )  # fmt: skip
