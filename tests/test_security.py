@@ -71,7 +71,7 @@ def test_gift_code_alphabet_is_unambiguous_and_holds_at_least_60_bits() -> None:
     assert bits >= 60, bits
     assert bits == 80
     # The generator draws from `secrets`, never from `random`.
-    tree = ast.parse((PACKAGE / "codes.py").read_text())
+    tree = ast.parse((PACKAGE / "jobs" / "birthday" / "codes.py").read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}  # fmt: skip
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
