@@ -9,46 +9,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
-import math
-import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
 import aioboto3
 import aiohttp
 from aiobotocore.config import AioConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
-from batchrun.errors import ConfigError, QueueError
+from batchrun.errors import QueueError
 from batchrun.queue.base import Received
 from batchrun.queue.sqs_dlq import SqsDeadLetters
+from batchrun.queue.sqs_entries import (
+    BATCH,
+    MAX_DELAY_S,
+    batches,
+    delay_seconds,
+    locate,
+    visibility,
+)
+from batchrun.queue.sqs_entries import entry as batch_entry
 from batchrun.urls import mask_url
 
 log = logging.getLogger(__name__)
 
-BATCH = 10  # SQS's most entries per batch call
-BATCH_BYTES = 250 * 1024  # SQS caps a whole batch request at 256 KiB; keep a margin
-MAX_VISIBILITY_S = 43_200  # SQS's longest visibility timeout (12 hours)
-# SQS's longest DelaySeconds: a send asking for longer is delayed this long (a consumer's
-# own backoff, a visibility change, reaches 12 hours)
-MAX_DELAY_S = 900
 MAX_WAIT_S = 20  # SQS's longest long poll
 SEND_ATTEMPTS = 4  # resends of entries a batch reported as Failed, with a short backoff
 SEND_BACKOFF_S = 0.2
 DEFAULT_MAX_RECEIVES = 5
 
-_AWS_HOST = re.compile(r"^sqs(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$")
-_LEGACY_HOST = re.compile(r"^([a-z0-9-]+)\.queue\.amazonaws\.com(?:\.cn)?$")
 _SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 # A receipt that no longer holds the message: it is visible again or another consumer has it,
 # so it comes back anyway and the job's idempotency makes the repeat harmless.
 _STALE_RECEIPT = frozenset({"ReceiptHandleIsInvalid", "MessageNotInflight"})
-_GROUP_CHARS = re.compile(r"[^!-~]")  # SQS allows printable ASCII only in a group id
 _ERRORS = (ClientError, BotoCoreError, aiohttp.ClientError, OSError, TimeoutError)
 
 
@@ -74,33 +70,16 @@ class SqsQueue(SqsDeadLetters):
         concurrency: int = 10,
         wait_s: float = 1.0,
     ) -> None:
-        parts = urlsplit(url)
-        segments = [s for s in parts.path.split("/") if s]
-        if parts.scheme not in ("http", "https") or not parts.hostname or len(segments) != 2:
-            raise ConfigError(
-                f"bad SQS queue URL {mask_url(url)!r}: expected "
-                "https://sqs.REGION.amazonaws.com/ACCOUNT/NAME"
-            )
+        where = locate(url, env)
         self.queue_url = url
         self.url = mask_url(url)
-        self.account, self.name = segments
+        self.account, self.name = where.account, where.name
         self.fifo = self.name.endswith(".fifo")
         self.max_receives = max_receives
         self.wait_s = max(0, min(MAX_WAIT_S, round(wait_s)))
         self._env = env
-        host = parts.hostname.lower()
-        match = _AWS_HOST.match(host) or _LEGACY_HOST.match(host)
-        region = match[1] if match else env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-        if not region:
-            raise ConfigError(
-                f"no AWS region for {self.url}: set AWS_REGION (the URL's host does not name one)"
-            )
-        self.region = region
-        endpoint = env.get("AWS_ENDPOINT_URL_SQS") or env.get("AWS_ENDPOINT_URL")
-        if not endpoint and match is None:
-            # Not an AWS host, so the URL itself names the endpoint (an emulator such as moto).
-            endpoint = f"{parts.scheme}://{parts.netloc}"
-        self.endpoint = endpoint or None
+        self.region = where.region
+        self.endpoint = where.endpoint
         self._config = AioConfig(
             connect_timeout=3,
             read_timeout=self.wait_s + 10,  # a long poll holds the response for wait_s
@@ -246,17 +225,8 @@ class SqsQueue(SqsDeadLetters):
         dedup: str = "",
         call: str = "",
     ) -> dict[str, Any]:
-        """One batch entry; ``call`` names the ``send`` call, so its resends keep their key."""
-        entry: dict[str, Any] = {"Id": entry_id, "MessageBody": body}
-        if reason:
-            entry["MessageAttributes"] = {
-                "reason": {"DataType": "String", "StringValue": reason[:1000]}
-            }
-        if fifo:
-            group, key = _fifo_keys(body, call)
-            entry["MessageGroupId"] = _GROUP_CHARS.sub("_", group)[:128]
-            entry["MessageDeduplicationId"] = hashlib.sha256((dedup or key).encode()).hexdigest()
-        return entry
+        """One batch entry (``sqs_entries.entry``)."""
+        return batch_entry(entry_id, body, fifo, reason=reason, dedup=dedup, call=call)
 
     async def _send_batches(self, queue_url: str, entries: list[dict[str, Any]]) -> None:
         """Send every entry; resend those a batch reports Failed; raise if any never made it."""
@@ -266,7 +236,7 @@ class SqsQueue(SqsDeadLetters):
             if attempt:
                 await asyncio.sleep(SEND_BACKOFF_S * 2 ** (attempt - 1))
             failures = {}
-            for batch in _batches(pending):
+            for batch in batches(pending):
                 with self._mapped("send to", queue_url):
                     # A copy: event handlers may rewrite the request's list in place.
                     response = await self._client.send_message_batch(
@@ -307,7 +277,7 @@ class SqsQueue(SqsDeadLetters):
             response = await self._client.receive_message(
                 QueueUrl=self.queue_url,
                 MaxNumberOfMessages=min(BATCH, max_messages),
-                VisibilityTimeout=_visibility(visibility_s),
+                VisibilityTimeout=visibility(visibility_s),
                 WaitTimeSeconds=self.wait_s,
                 MessageSystemAttributeNames=["ApproximateReceiveCount"],
             )
@@ -350,7 +320,7 @@ class SqsQueue(SqsDeadLetters):
                 await self._client.change_message_visibility(
                     QueueUrl=self.queue_url,
                     ReceiptHandle=item.receipt,
-                    VisibilityTimeout=_visibility(delay_s),
+                    VisibilityTimeout=visibility(delay_s),
                 )
         except QueueError as exc:
             if _code(exc.__cause__) not in _STALE_RECEIPT:
@@ -431,62 +401,4 @@ def _code(exc: BaseException | None) -> str:
     return code.rsplit(".", 1)[-1]
 
 
-def delay_seconds(seconds: float) -> int:
-    """A send's DelaySeconds: whole seconds, rounded up, at most SQS's 15 minutes."""
-    return max(0, min(MAX_DELAY_S, math.ceil(seconds)))
-
-
-def _visibility(seconds: float) -> int:
-    return max(0, min(MAX_VISIBILITY_S, math.ceil(seconds)))
-
-
-def _batches(entries: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
-    """Entries in batches of at most 10 and 250 KiB of bodies."""
-    batch: list[dict[str, Any]] = []
-    size = 0
-    for entry in entries:
-        entry_size = len(entry["MessageBody"].encode())
-        if batch and (len(batch) == BATCH or size + entry_size > BATCH_BYTES):
-            yield batch
-            batch, size = [], 0
-        batch.append(entry)
-        size += entry_size
-    if batch:
-        yield batch
-
-
-def _fifo_keys(body: str, call: str) -> tuple[str, str]:
-    """(MessageGroupId, dedup key) of a body: the entity for a retry or a task, the period
-    otherwise.
-
-    One group per (job, entity): SQS FIFO delivers a group's messages one at a time, so two
-    tasks for one entity never run at once (seed 000's per-user serial execution). A
-    retry's dedup key is job, period, entity and attempt, so a resend of the same failure
-    within SQS's five-minute window is dropped by SQS; a submitted task's and a
-    continuation's are unique to the ``send`` call (``call``): a second submit, or a second
-    hand-off from the same cursor, must not be dropped. A body that is not ours is keyed by
-    itself. Bodies of batchrun 0.1 (``month``, ``user_id``) are read too.
-    """
-    try:
-        data = json.loads(body)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict):
-        return "batchrun", f"body:{body}"
-    job, period = data.get("job"), data.get("period", data.get("month"))
-    entity = data.get("id", data.get("user_id"))
-    kind = data.get("kind")
-    if kind == "entity_task" and entity is not None:
-        # One group per entity keeps its tasks in submission order; a key runs once.
-        return f"{job}:{entity}", f"{job}:task:{data.get('key')}"
-    if kind in ("retry", "task") and entity is not None:
-        group = f"{job}:{entity}"
-        if kind == "task":
-            return group, f"{job}:{period}:{entity}:task:{call}"
-        return group, f"{job}:{period}:{entity}:{data.get('attempt', 0)}"
-    if kind == "continuation":
-        return f"{job}:{period}", f"{job}:{period}:after:{data.get('after_id')}:{call}"
-    return "batchrun", f"body:{body}"
-
-
-__all__ = ["SqsQueue"]
+__all__ = ["MAX_DELAY_S", "SqsQueue", "delay_seconds"]
