@@ -20,6 +20,7 @@ It is the standard library only; tests start it on 127.0.0.1 on a free port
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import threading
 import time
@@ -193,7 +194,5 @@ if __name__ == "__main__":
     options = parser.parse_args()
     with BusyBackend(options.task_s, options.host, options.port) as served:
         print(f"serving on {served.url}, {options.task_s:g} s per task; Ctrl-C stops", flush=True)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()
-        except KeyboardInterrupt:
-            pass
