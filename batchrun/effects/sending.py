@@ -155,7 +155,8 @@ class Sender:
 
     def _backends(self, name: str) -> BackendPool:
         if self.backends is None:
-            raise RuntimeError(f"backend {name!r} cannot be called from here (no run)")
+            # A dry run, a preview: nothing is called, as nothing is sent.
+            raise RuntimeError(f"backend {name!r} is not called in a dry run or a preview")
         return self.backends
 
     def count(self, name: str, n: int) -> None:
