@@ -13,8 +13,8 @@ outside service (an SMTP send, an HTTP request):
                              toward the breaker where the entity's outcome is decided
 
 One pacer serves a run (or a queue drain): mail and every other effect share its rate
-and its breaker. A named backend (its own rate, concurrency and breaker) is one more
-``Pacer`` keyed by name, with a semaphore beside its limiter; ``--rate`` caps each.
+and its breaker. A named backend (``Job.backends``: its own rate, concurrency, ready probe
+and breaker) has a gate of its own instead (``policy/gate.py``); ``--rate`` caps each.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Adaptive send rate: pace sends, and find the provider's limit by AIMD.
+"""Adaptive send rate: pace sends (or calls), and find the provider's limit by AIMD.
 
 ``AdaptiveRate`` is an async context manager with aiolimiter's shape (``async with
 limiter:`` around each send), so the engine can hold either. Unlike ``AsyncLimiter`` its
@@ -8,6 +8,10 @@ the law TCP uses to share a link. Against a provider with a hard limit ``L`` the
 to ``L``, is throttled back to about ``L/2``, and climbs again: a sawtooth whose mean is
 about ``0.75 * L``. Leaving the ``async with`` block feeds the law by itself: a clean exit
 is a success, a ``ThrottledError`` a throttle, any other error neither.
+
+A named backend's rate (``effects/backends.py``) takes a gentler law: ``slow_start``
+doubles the rate each second until the first throttle, and ``decrease=0.9`` saws between
+``0.9 * L`` and ``L``, a mean near ``0.95 * L`` (``python -m bench.backend_rate``).
 
 Why not build on aiolimiter (read in 1.3.0's ``leakybucket.py``): ``AsyncLimiter.max_rate``
 and ``time_period`` are plain attributes, but the leak rate is cached at construction in the
