@@ -18,8 +18,7 @@ from smtp_server import SmtpTestServer
 
 import batchrun
 from batchrun.pipeline.outcomes import EffectFail, EffectRetry, classify
-from batchrun.policy.gate import breaker_reason
-from batchrun.policy.pacing import CircuitBreaker, Pacer
+from batchrun.policy.pacing import CircuitBreaker, Pacer, breaker_reason
 from batchrun.policy.rate import AdaptiveRate
 
 CREDITS_BREAKER = "backend 'credits' unreachable (circuit breaker open)"

@@ -54,7 +54,7 @@ class Effects:
         self._templates: dict[str, Templates] = {}
         self._warned_unsubscribe = False
         # The jobs' named backends: gates for the runtime's life, clients per session.
-        self.backends = BackendPool(settings, store.db)
+        self.backends = BackendPool(settings, getattr(store, "db", None))  # None: no store
 
     def templates(self, job: Job) -> Templates:
         """The job's templates (``--templates``, its own folder, batchrun's), compiled once."""

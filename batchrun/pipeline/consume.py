@@ -41,7 +41,7 @@ from batchrun.pipeline.wiring import Wiring
 from batchrun.pipeline.work import EntityWorker
 from batchrun.policy.bugs import BugStreak
 from batchrun.policy.busy import busy_delay_s
-from batchrun.policy.pacing import BREAKER_REASON, CircuitBreaker
+from batchrun.policy.pacing import CircuitBreaker, stopped_by_breaker
 from batchrun.policy.rate import AdaptiveRate
 from batchrun.queue.base import PoisonMessage, QueueMessage, Received, UnknownJob, backoff_s
 
@@ -106,7 +106,8 @@ class Consumer:
             elif message.kind in ("continuation", "shard"):
                 ran = await self._range(item, message, options)
                 found[item.message_id] = ran
-                broken = broken or (ran.summary is not None and broke(ran.summary.stopped))
+                stopped = None if ran.summary is None else ran.summary.stopped
+                broken = broken or stopped_by_breaker(stopped)
             else:
                 groups.setdefault((message.job, message.period), []).append((item, message))
         for (name, text), entries in groups.items():
@@ -179,7 +180,7 @@ class Consumer:
             until=message.until_id,
         )
         pinned = message.limit is not None and summary.eligible >= message.limit
-        if broke(summary.stopped) and not pinned:
+        if stopped_by_breaker(summary.stopped) and not pinned:
             # What it claimed is queued for retry; the rest of the range waits in this
             # same message for a later delivery. (A limited one claimed its whole share
             # and queued it: delivered again, it would take a second share.)
@@ -320,11 +321,4 @@ def give_back(verdict: Disposition, received: Received, message: QueueMessage) -
     return replace(verdict, delay_s=delay, body=body)
 
 
-def broke(stopped: str | None) -> bool:
-    """Whether a run stopped because a breaker opened (the mail backend's, or a backend's)."""
-    return stopped is not None and (
-        stopped == BREAKER_REASON or stopped.endswith("(circuit breaker open)")
-    )
-
-
-__all__ = ["NOT_ELIGIBLE", "Consumer", "Disposition", "broke", "give_back"]
+__all__ = ["NOT_ELIGIBLE", "Consumer", "Disposition", "give_back"]

@@ -35,7 +35,7 @@ from batchrun.db.store import State
 from batchrun.job import Busy, Verdict
 from batchrun.pipeline.outcomes import EffectRetry, Outcome, as_verdict, busy_answer
 from batchrun.policy.busy import STOPPED, Patience, patience
-from batchrun.policy.pacing import CircuitBreaker
+from batchrun.policy.pacing import CircuitBreaker, breaker_reason
 from batchrun.policy.rate import AdaptiveRate
 from batchrun.policy.slots import SharedSlots, Slot
 
@@ -57,11 +57,6 @@ _INSIDE: ContextVar[frozenset[str]] = ContextVar("batchrun_inside", default=froz
 def inside(name: str) -> bool:
     """Whether the running code is in a call to (or the ready probe of) backend ``name``."""
     return name in _INSIDE.get()
-
-
-def breaker_reason(name: str) -> str:
-    """Why a run stops when backend ``name``'s breaker opens."""
-    return f"backend {name!r} unreachable (circuit breaker open)"
 
 
 @dataclass(slots=True)

@@ -28,6 +28,17 @@ from batchrun.pipeline.outcomes import EffectRetry, Outcome, as_verdict, effect_
 from batchrun.policy.rate import AdaptiveRate
 
 BREAKER_REASON = "mail backend unreachable (circuit breaker open)"
+_OPEN = "(circuit breaker open)"
+
+
+def breaker_reason(backend: str) -> str:
+    """Why a run stops when the named backend's own breaker opens."""
+    return f"backend {backend!r} unreachable {_OPEN}"
+
+
+def stopped_by_breaker(stopped: str | None) -> bool:
+    """Whether a run's ``stopped`` says a breaker opened (mail's, or a named backend's)."""
+    return stopped is not None and (stopped == BREAKER_REASON or stopped.endswith(_OPEN))
 
 
 class CircuitBreaker:
@@ -107,4 +118,4 @@ class Pacer:
             self.limiter.succeeded()
 
 
-__all__ = ["BREAKER_REASON", "CircuitBreaker", "Pacer"]
+__all__ = ["BREAKER_REASON", "CircuitBreaker", "Pacer", "breaker_reason", "stopped_by_breaker"]
