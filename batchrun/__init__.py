@@ -4,8 +4,11 @@ The public API, everything a job needs (the built-in birthday job imports nothin
 
     Job, Context        the contract a job is written against (batchrun.job)
     Task                a job of submitted tasks, one entity's at a time (batchrun.tasks)
+    Backend             an outside service a job calls: concurrency, rate, ready probe
+                        (``Job.backends``; ``ctx.backend(name)``, ``ctx.http(name)``)
     connect             a client that submits tasks from an application (batchrun.client)
     Skip, Retry, Fail   what ``process`` raises to end one entity other than by success
+    Busy                a backend is busy: a ``Retry`` that is never an attempt
     RetryPolicy         a job's attempts, backoff and longest delay (``Job.retry``)
     Period              the year, month or day a run is for (batchrun.period)
     SqlFolder           a job's named queries and schema steps, one folder per dialect
@@ -14,8 +17,9 @@ The public API, everything a job needs (the built-in birthday job imports nothin
 
 from __future__ import annotations
 
+from batchrun.backend import Backend
 from batchrun.db.sql import SqlFolder
-from batchrun.job import Context, Fail, Job, Retry, Skip
+from batchrun.job import Busy, Context, Fail, Job, Retry, Skip
 from batchrun.mail.base import valid_address
 from batchrun.period import Period
 from batchrun.policy.retry import RetryPolicy
@@ -24,6 +28,8 @@ from batchrun.tasks import Task, TaskItem
 __version__ = "0.2.0"
 
 __all__ = [
+    "Backend",
+    "Busy",
     "Context",
     "Fail",
     "Job",

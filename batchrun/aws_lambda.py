@@ -412,6 +412,8 @@ def _add(metrics: dict[str, float], verdict: Disposition) -> None:
             metrics[key] = metrics.get(key, 0) + value
     elif verdict.not_eligible:
         metrics["NotEligible"] = metrics.get("NotEligible", 0) + 1
+    elif verdict.busy:  # given back: its backend was busy (no attempt)
+        metrics["Busy"] = metrics.get("Busy", 0) + 1
     elif verdict.outcome is not None:
         name = {
             State.SUCCEEDED: "EmailsSent",

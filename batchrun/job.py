@@ -23,11 +23,16 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from batchrun.db.sql import SqlFolder
 from batchrun.period import Period, Unit
 from batchrun.policy.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    import httpx
+
+    from batchrun.backend import Backend
 
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 # db explain's answer: (label, the database's plan rows) per query, and a one-line verdict.
@@ -56,6 +61,21 @@ class Retry(Verdict):
 
 class Fail(Verdict):
     """Fail this entity for good (dead-lettered, listed by ``batchrun status``)."""
+
+
+class Busy(Retry):
+    """A backend is busy (not ready, no free slot, or it answered 429 / 503): not a failure.
+
+    ``ctx.backend`` and ``ctx.http`` raise it once an entity has waited as long as it may;
+    a job may raise it too, for a busy answer of its own kind. The road never counts it as
+    an attempt: a run waits and tries the entity again, a consumer gives it back to its
+    queue with a growing delay. Called outside the road (a test calling ``process``), it
+    is the ``Retry`` it subclasses, after ``delay_s`` (a ``Retry-After``) if given.
+    """
+
+    def __init__(self, reason: str, delay_s: float | None = None, backend: str = "") -> None:
+        super().__init__(reason, delay_s)
+        self.backend = backend
 
 
 class ContextDb(Protocol):
@@ -192,6 +212,46 @@ class Context:
         manager: AbstractAsyncContextManager[None] = paced()
         return manager
 
+    def backend(self, name: str) -> AbstractAsyncContextManager[None]:
+        """Hold one call to the backend ``name`` (``Job.backends``): its breaker, its
+        ``ready`` probe, a slot of its ``concurrency``, its ``rate``.
+
+            async with ctx.backend("encoder"):
+                await encoder.submit(task.data)
+
+        Busy (not ready, no slot) waits: in a run until the backend is free (or the run
+        stops), in a consumer for ``BATCHRUN_BUSY_WAIT_S`` at most, then raises ``Busy``
+        and the entity goes back to the queue, no attempt counted. Raise ``Busy`` in the
+        block for a busy answer (an httpx 429 or 503 leaving it is one); an httpx error
+        leaving it is raised as the verdict it means, as in ``paced()``. Connection
+        failures in a row open the backend's breaker, which stops the run and queues the
+        rest.
+        """
+        manager: AbstractAsyncContextManager[None] = self._lent("backend")(self, name)
+        return manager
+
+    def http(self, name: str) -> httpx.AsyncClient:
+        """An ``httpx.AsyncClient`` whose every request goes through the backend ``name``
+        (``ctx.backend``), its base URL ``BATCHRUN_BACKEND_<NAME>_URL``.
+
+            response = await ctx.http("credits").post("/grants", json=body)
+            response.raise_for_status()
+
+        An answer 429 or 503 is ``Busy`` (its ``Retry-After`` honoured; the rate slows
+        when it is ``auto``); call ``raise_for_status()`` for the rest, which batchrun
+        classifies (5xx, 408: retry; other 4xx: fail). The client is batchrun's (one per
+        backend, closed by batchrun): do not close it or keep it past ``process``. Needs
+        httpx (``pip install 'batchrun[http]'``).
+        """
+        client: httpx.AsyncClient = self._lent("http")(self, name)
+        return client
+
+    def _lent(self, what: str) -> Any:
+        found = getattr(self._effects, what, None)
+        if found is None:  # effects a test made
+            raise RuntimeError(f"ctx.{what}() is not available in this context")
+        return found
+
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``name``, reported as a key of the run's JSON summary."""
         self._effects.count(name, n)
@@ -224,6 +284,9 @@ class Job:
             ``BATCHRUN_RETRY_MAX_BACKOFF_S``).
         status_names: ``batchrun status`` keys the job shows first, under its own names
             (the birthday job's ``succeeded`` is ``emails_sent``, as batchrun 0.1 said).
+        backends: the outside services ``process`` calls, by name: ``batchrun.Backend``
+            (concurrency, rate, ready probe), reached with ``ctx.backend(name)`` or
+            ``ctx.http(name)``.
     """
 
     name: ClassVar[str] = ""
@@ -239,6 +302,7 @@ class Job:
     sender: ClassVar[str | None] = None
     retry: ClassVar[RetryPolicy] = RetryPolicy()
     status_names: ClassVar[Mapping[str, str]] = {}
+    backends: ClassVar[Mapping[str, Backend]] = {}
 
     @classmethod
     def once_unit(cls) -> Unit:
@@ -292,6 +356,7 @@ class Job:
 
 __all__ = [
     "NAME",
+    "Busy",
     "Context",
     "ContextDb",
     "ContextEffects",

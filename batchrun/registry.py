@@ -32,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from batchrun.backend import check_backends
 from batchrun.errors import UsageError
 from batchrun.job import NAME, Job
 from batchrun.mail.message import sender_problem
@@ -277,6 +278,8 @@ def _check(cls: type[Job], where: str) -> None:
             raise fail(f"sender {cls.sender!r} is not a string")
         if (problem := sender_problem(cls.sender)) is not None:
             raise fail(f"sender {cls.sender!r} {problem}")
+    if (problem := check_backends(cls.backends)) is not None:
+        raise fail(problem)
     for method in ("page", "process"):
         if getattr(cls, method) is getattr(Job, method):
             raise fail(f"does not define {method}()")

@@ -33,15 +33,13 @@ def _float(env: Mapping[str, str], key: str, default: float, *, minimum: float =
 
 
 def parse_rate(text: str, what: str = "--rate") -> float | Literal["auto"]:
-    """A send rate: a positive number of emails per second, or ``auto``."""
+    """A rate: a positive number per second (emails, calls), or ``auto``."""
     if text.strip().lower() == "auto":
         return "auto"
     try:
         value = float(text)
     except ValueError:
-        raise ConfigError(
-            f"{what} must be a number of emails per second or 'auto', got {text!r}"
-        ) from None
+        raise ConfigError(f"{what} must be a number per second or 'auto', got {text!r}") from None
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{what} must be a positive number or 'auto', got {text!r}")
     return value
@@ -108,6 +106,40 @@ def _dkim(env: Mapping[str, str]) -> tuple[str | None, str | None]:
 
 
 @dataclass(frozen=True, slots=True)
+class BackendEnv:
+    """A backend's figures from the environment; None where the variable is unset."""
+
+    url: str | None = None  # BATCHRUN_BACKEND_<NAME>_URL: ctx.http's base URL
+    rate: float | Literal["auto"] | None = None  # _RATE: in place of Backend.rate
+    concurrency: int | None = None  # _CONCURRENCY: in place of Backend.concurrency
+    timeout_s: float | None = None  # _TIMEOUT_S: ctx.http's timeout (default 10 s)
+
+
+def backend_env(env: Mapping[str, str], name: str) -> BackendEnv:
+    """``BATCHRUN_BACKEND_<NAME>_URL``, ``_RATE``, ``_CONCURRENCY`` and ``_TIMEOUT_S`` of
+    backend ``name`` (upper case, ``-`` as ``_``).
+
+    Raises:
+        ConfigError: a variable that is set but unusable, naming it.
+    """
+    prefix = f"BATCHRUN_BACKEND_{name.upper().replace('-', '_')}_"
+    url = env.get(prefix + "URL") or None
+    if url is not None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"{prefix}URL must be an http(s):// URL, got {url[:80]!r}")
+    rate = env.get(prefix + "RATE")
+    concurrency = env.get(prefix + "CONCURRENCY")
+    timeout = env.get(prefix + "TIMEOUT_S")
+    return BackendEnv(
+        url=url,
+        rate=parse_rate(rate, prefix + "RATE") if rate else None,
+        concurrency=_int(env, prefix + "CONCURRENCY", 1, minimum=1) if concurrency else None,
+        timeout_s=_float(env, prefix + "TIMEOUT_S", 10.0, minimum=0.001) if timeout else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """Everything configurable; CLI options override the environment through ``replace``."""
 
@@ -127,6 +159,9 @@ class Settings:
     concurrency: int = 20  # the Lambda's; the CLI takes --concurrency
     rate: float | Literal["auto"] | None = None  # the Lambda's; the CLI takes --rate
     max_db_load: int | None = None  # pause pages while Threads_running is above (MySQL)
+    # how long a consumer's entity waits in-process for a busy backend before it goes back
+    # to the queue (a run waits until the backend is free, or it stops)
+    busy_wait_s: float = 30.0
     extra: Mapping[str, str] = field(default_factory=dict)
     scheduled_jobs: str | None = None  # the Lambda's: the jobs a scheduled event runs
     jobs: str | None = None  # --jobs: modules or .py files defining jobs, comma-separated
@@ -166,6 +201,7 @@ class Settings:
             db_secret_arn=None if env.get("BATCHRUN_DB") else env.get("BATCHRUN_DB_SECRET_ARN"),
             concurrency=_int(env, "BATCHRUN_CONCURRENCY", 20, minimum=1),
             rate=parse_rate(rate, "BATCHRUN_RATE") if rate else None,
+            busy_wait_s=_float(env, "BATCHRUN_BUSY_WAIT_S", 30.0),
             max_db_load=(
                 _int(env, "BATCHRUN_MAX_DB_LOAD", 0, minimum=1)
                 if env.get("BATCHRUN_MAX_DB_LOAD")
@@ -182,6 +218,14 @@ class Settings:
             dkim_selector=dkim_selector,
             environ=dict(env),
         )
+
+    def backend(self, name: str) -> BackendEnv:
+        """The deployment's figures for backend ``name`` (``BATCHRUN_BACKEND_<NAME>_*``).
+
+        Raises:
+            ConfigError: a variable that is set but unusable, naming it.
+        """
+        return backend_env(self.environ, name)
 
     def sender_for(self, job: Job) -> str:
         """The From of ``job``'s emails: ``--from`` (``BATCHRUN_FROM``), else the job's own."""

@@ -6,7 +6,7 @@
 
 Steps: build batchrun's wheel from a clean copy of the source (so a stale ``build/`` cannot
 leak into it, and the checkout is not written to), then one ``pip install --target`` of
-``batchrun[aws]`` so pip resolves every dependency once, the pinned botocore that
+``batchrun[aws,http]`` so pip resolves every dependency once, the pinned botocore that
 aiobotocore needs included (the runtime's own boto3 is older and sits later on
 ``sys.path``). For a Lambda arch pip only takes wheels (``--only-binary=:all:``) for
 CPython ``--python`` on manylinux up to glibc 2.34 (Amazon Linux 2023, the python3.12
@@ -49,7 +49,7 @@ GLIBC_MIN = 17
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 SOURCE_FILES = ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "setup.py", "setup.cfg")
 LAMBDA_TASK_ROOT = "/var/task"
-# Distributions pip resolves for batchrun[aws] that the handler never imports: the CLI's
+# Distributions pip resolves for batchrun[aws,http] that the handler never imports: the CLI's
 # (typer, rich) and what they pull in, prometheus-client (`batchrun metrics` and the
 # dashboard only), and boto3's S3 transfer manager.
 LEFT_OUT = (
@@ -144,7 +144,7 @@ def build_pure(work: Path, names: Sequence[str], *, quiet: bool) -> Path | None:
 def install(
     target: Path, wheel: Path, arch: str, python: str, house: Path | None, *, quiet: bool
 ) -> None:
-    """One resolution of ``batchrun[aws]`` into ``target``."""
+    """One resolution of ``batchrun[aws,http]`` into ``target``."""
     cmd: list[str | Path] = [sys.executable, "-m", "pip", "install", "--target", target]
     cmd += ["--no-compile", "--no-warn-script-location", "--disable-pip-version-check"]
     # --target resolves on its own (pip ignores what is installed here), but its conflict
@@ -156,7 +156,7 @@ def install(
         cmd += platform_args(arch, python)
     if house is not None:
         cmd += ["--find-links", house]
-    cmd.append(f"{wheel}[aws]")
+    cmd.append(f"{wheel}[aws,http]")  # http: ctx.http, for jobs that call a named backend
     _run(cmd, quiet=quiet)
 
 

@@ -75,8 +75,8 @@ class JobCase:
             "BATCHRUN_FROM": SENDER,
             "BATCHRUN_LEASE_S": "1",  # a killed run's claims expire within a second
             "BATCHRUN_RETRY_BASE_S": "0",  # a failed retry is visible again at once
-            "CREDITS_API_URL": self.grants.url,
-            "CREDITS_API_TIMEOUT_S": "5",
+            "BATCHRUN_BACKEND_CREDITS_URL": self.grants.url,
+            "BATCHRUN_BACKEND_CREDITS_TIMEOUT_S": "5",
             "COLUMNS": "400",
             **extra,
         }
@@ -293,8 +293,9 @@ class CreditsCase(JobCase):
     period = "2025-06"
     once = "2025-06"
     spec = "examples/credits/credits.py"
-    STATUS: ClassVar[dict[Failure, int]] = {"temporary": 503, "permanent": 400}
-    reasons: ClassVar[dict[Failure, str]] = {"temporary": "503", "permanent": "400"}
+    # 500, not 503: a 503 (or 429) through the backend is busy, which the run waits out
+    STATUS: ClassVar[dict[Failure, int]] = {"temporary": 500, "permanent": 400}
+    reasons: ClassVar[dict[Failure, str]] = {"temporary": "500", "permanent": "400"}
 
     async def _seed(self, store: Store, n: int, rng: random.Random) -> None:
         rows = []
@@ -336,7 +337,7 @@ class CreditsCase(JobCase):
         return {self._key_of(c) for c in self.grants.calls() if c.status == status}
 
     def recover(self) -> None:
-        self.grants.answer_fraction(0, 503)
+        self.grants.answer_fraction(0, 500)
 
     def check_records(
         self, db_url: str, succeeded: AbstractSet[int], failed: AbstractSet[int]

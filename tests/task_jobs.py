@@ -46,3 +46,26 @@ class Flaky(batchrun.Task):
         )
         if int(rows[0]["n"]) == 0:
             raise batchrun.Retry("first attempt fails", delay_s=0.01)
+
+
+class Slotted(batchrun.Task):
+    """Holds the shared backend ``slot`` (one call at a time across every process) for
+    ``hold_s`` and records the interval it held it."""
+
+    name = "slotted"
+    backends = {"slot": batchrun.Backend(concurrency=1, shared=True)}
+
+    async def process(self, ctx: batchrun.Context, task: Any) -> None:
+        async with ctx.backend("slot"):
+            started = time.time_ns()
+            await asyncio.sleep(float(task.data.get("hold_s", 0.02)))
+            ended = time.time_ns()
+        await ctx.db.execute(
+            "INSERT INTO task_effect (entity_id, task_key, seq, started_ns, ended_ns, pid)"
+            " VALUES (:e, :k, 0, :a, :b, :p)",
+            e=task.entity_id,
+            k=task.key,
+            a=started,
+            b=ended,
+            p=__import__("os").getpid(),
+        )

@@ -1,7 +1,7 @@
-"""A retry's delay means the same on every path: ``Retry(delay_s)`` and an HTTP 429's
-``Retry-After`` raised in a period run hold the entity's retry message back that long, on
-the local queue (its stored ``visible_at``) and on SQS (``DelaySeconds``); ``retry``
-honours them too when it fails again.
+"""A retry's delay means the same on every path: ``Retry(delay_s)`` raised in a period run
+holds the entity's retry message back that long, on the local queue (its stored
+``visible_at``) and on SQS (``DelaySeconds``); ``retry`` honours it too when it fails
+again, and a busy backend's ``Retry-After`` holds a message given back at least as long.
 
 No test sleeps the delay: the local queue's stored ``visible_at`` is moved back by the
 time a test pretends has passed, and the SQS test uses a 3 s delay against 1 s.
@@ -219,34 +219,41 @@ def grants() -> Iterator[GrantsTestServer]:
         yield server
 
 
-async def test_a_429_retry_after_from_the_credits_api_holds_the_retry_back(
+async def test_a_429_retry_after_through_a_backend_holds_the_given_back_message(
     store: Store, make_runtime: Callable[..., Runtime], grants: GrantsTestServer
 ) -> None:
+    # A 429 through the credits backend is busy, not a failure: a consumer that may not
+    # wait (BATCHRUN_BUSY_WAIT_S=0) gives each entity back, held at least its Retry-After.
     grants.reset()
     job = credits_job()
     await store.jobdb.execute(
         "INSERT INTO customer (email, plan, active) VALUES :rows",
         rows=[(f"c{i}@example.com", "starter", 1) for i in range(1, N + 1)],
     )
-    rt = make_runtime(job, environ={"CREDITS_API_URL": grants.url})
-    grants.answer_next(N, 429, retry_after=30)
-    try:
-        summary = await rt.run(june(), Options(concurrency=1), job="credits")
-        assert (summary.queued_for_retry, summary.succeeded) == (N, 0), summary
-        assert await held_back_ms(store) == [30_000] * N
-        assert len(grants.calls()) == N
+    environ = {"BATCHRUN_BACKEND_CREDITS_URL": grants.url}
 
-        await time_passes(store, 1.0)
-        early = await rt.retry()
-        assert (early.processed, early.remaining) == (0, N)
-        assert len(grants.calls()) == N  # not called again
+    def runtime() -> Runtime:  # a new process: the backend's in-process pause is not there
+        return make_runtime(job, environ=environ, busy_wait_s=0.0)
 
-        await time_passes(store, 29.0)
-        late = await rt.retry()
-        assert (late.processed, late.succeeded, late.remaining) == (N, N, 0)
-        assert sorted(grants.grants_per_key().values()) == [1] * N
-    finally:
-        await job.aclose()
+    await runtime().submit(job, june(), list(range(1, N + 1)))
+    grants.answer_next(1, 429, retry_after=30)  # the rest are held back by its pause
+    early = await runtime().retry()
+    assert (early.processed, early.busy, early.failed, early.remaining) == (0, N, 0, N)
+    figures = early.to_json()["backends"]["credits"]
+    assert (figures["calls"], figures["throttles"], figures["busy_waits"]) == (1, 1, N)
+    assert all(held >= 30_000 for held in await held_back_ms(store))
+    attempts = await store.jobdb.fetch("SELECT attempts FROM batchrun_ledger")
+    assert [r["attempts"] for r in attempts] == [0] * N  # busy is no attempt
+
+    await time_passes(store, 1.0)
+    assert (await runtime().retry()).processed == 0  # not called again yet
+    calls = len(grants.calls())
+
+    await time_passes(store, 30.0)
+    late = await runtime().retry()
+    assert (late.processed, late.succeeded, late.remaining) == (N, N, 0)
+    assert len(grants.calls()) == calls + N
+    assert sorted(grants.grants_per_key().values()) == [1] * N
 
 
 # -- SQS: DelaySeconds ---------------------------------------------------------------------

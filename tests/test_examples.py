@@ -7,9 +7,9 @@ crashes belong to the runtime's suite (tests/test_guarantees.py), not here.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import importlib.util
+import re
 import socket
 import sys
 from collections import Counter
@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import pytest
 from conftest import ROOT
 
@@ -204,7 +205,7 @@ def api() -> Iterator[HttpDouble]:
 
 
 def credits_harness(api: HttpDouble, db: str | None = None, **env: str) -> Harness:
-    environ = {"CREDITS_API_URL": api.url, "CREDITS_API_TIMEOUT_S": "2", **env}
+    environ = {**api.env("credits"), "BATCHRUN_BACKEND_CREDITS_TIMEOUT_S": "2", **env}
     return Harness(credits.MonthlyCredits, db=db, env=environ)
 
 
@@ -302,22 +303,64 @@ def test_a_failed_call_is_queued_and_the_retry_grants_it(
     granting.execute(
         "INSERT INTO customer (id, email, plan, active) VALUES (42, 'c42@example.com', 'pro', 1)"
     )
-    api.respond(503, times=1)
+    api.respond(500, times=1)
     summary = granting.run(MONTH)
     assert (summary.failed, summary.queued_for_retry, summary.exit_code) == (1, 1, 3)
     entry = granting.ledger(42, MONTH)
-    assert entry is not None and entry.state == "retrying" and "503" in (entry.reason or "")
+    assert entry is not None and entry.state == "retrying" and "500" in (entry.reason or "")
     assert granting.retry().succeeded == 1
     assert granting.ledger(42, MONTH) == LedgerEntry("succeeded", 2, None)
     assert len(grants(granting)) == 1
 
 
-@pytest.mark.parametrize("status", [500, 502, 503, 408])
-def test_credits_server_errors_retry(granting: Harness, api: HttpDouble, status: int) -> None:
-    api.respond(status, times=1)
-    with pytest.raises(batchrun.Retry, match=str(status)) as raised:
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_busy_credits_api_is_waited_out_in_a_run_no_attempt_counted(
+    granting: Harness, api: HttpDouble, status: int
+) -> None:
+    granting.execute(
+        "INSERT INTO customer (id, email, plan, active) VALUES (42, 'c42@example.com', 'pro', 1)"
+    )
+    api.respond(status, times=2)  # busy twice, then it grants
+    summary = granting.run(MONTH)
+    assert (summary.succeeded, summary.failed, summary.queued_for_retry) == (1, 0, 0)
+    assert granting.ledger(42, MONTH) == LedgerEntry("succeeded", 1, None)  # one attempt
+    figures = summary.to_json()["backends"]["credits"]
+    assert (figures["calls"], figures["throttles"]) == (3, 2)
+    assert figures["busy_waits"] >= 2 and figures["rate"] is not None
+    assert len(grants(granting)) == 1
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_busy_answer_called_directly_is_busy(
+    granting: Harness, api: HttpDouble, status: int
+) -> None:
+    api.respond(status, headers={"Retry-After": "3"}, times=1)
+    with pytest.raises(batchrun.Busy, match=f"HTTP {status}") as raised:
         granting.process(dict(CUSTOMER), MONTH)
-    assert raised.value.delay_s is None
+    assert raised.value.delay_s == 3.0 and raised.value.backend == "credits"
+    assert isinstance(raised.value, batchrun.Retry)  # what it is to code that knows no Busy
+    assert grants(granting) == []
+
+
+def one_customer_run(h: Harness) -> LedgerEntry | None:
+    """Run the month for customer 42 alone; how it stands after."""
+    h.execute(
+        "INSERT INTO customer (id, email, plan, active) VALUES (42, 'c42@example.com', 'pro', 1)"
+    )
+    h.run(MONTH)
+    return h.ledger(42, MONTH)
+
+
+@pytest.mark.parametrize("status", [500, 502, 504, 408])
+def test_credits_server_errors_retry(granting: Harness, api: HttpDouble, status: int) -> None:
+    api.respond(status, times=2)
+    # Called directly, process raises what raise_for_status raised ...
+    with pytest.raises(httpx.HTTPStatusError, match=str(status)):
+        granting.process(dict(CUSTOMER), MONTH)
+    # ... which a run classifies: a retry.
+    entry = one_customer_run(granting)
+    assert entry is not None and entry.state == "retrying"
+    assert f"HTTP {status} from" in (entry.reason or "")
     assert grants(granting) == []
     assert granting.counters == {}
 
@@ -325,21 +368,24 @@ def test_credits_server_errors_retry(granting: Harness, api: HttpDouble, status:
 @pytest.mark.parametrize("status", [400, 401, 404, 409, 422])
 def test_credits_client_errors_fail(granting: Harness, api: HttpDouble, status: int) -> None:
     api.respond(status, times=1)
-    with pytest.raises(batchrun.Fail, match=f"HTTP {status} from"):
-        granting.process(dict(CUSTOMER), MONTH)
+    entry = one_customer_run(granting)
+    assert entry is not None and entry.state == "failed"
+    assert f"HTTP {status} from" in (entry.reason or "")
     assert grants(granting) == []
 
 
 def test_credits_wrong_path_fails(api: HttpDouble) -> None:
-    with credits_harness(api, CREDITS_API_URL=f"{api.url}/v2") as h:  # the API knows /grants
-        with pytest.raises(batchrun.Fail, match=r"HTTP 404 from .*/v2/grants"):
-            h.process(dict(CUSTOMER), MONTH)
+    v2 = {"BATCHRUN_BACKEND_CREDITS_URL": f"{api.url}/v2"}  # the API knows /grants
+    with credits_harness(api, **v2) as h:
+        entry = one_customer_run(h)
+        assert entry is not None and entry.state == "failed"
+        assert re.search(r"HTTP 404 from .*/v2/grants", entry.reason or "")
         assert api.requests_to("/grants") == []
 
 
 def test_credits_timeout_retries(api: HttpDouble) -> None:
     api.respond(201, json=granted, delay_s=5.0, times=1)
-    with credits_harness(api, CREDITS_API_TIMEOUT_S="0.2") as h:
+    with credits_harness(api, BATCHRUN_BACKEND_CREDITS_TIMEOUT_S="0.2") as h:
         with pytest.raises(batchrun.Retry, match="ReadTimeout"):
             h.process(dict(CUSTOMER), MONTH)
         assert grants(h) == []
@@ -349,7 +395,7 @@ def test_credits_unreachable_api_retries(api: HttpDouble) -> None:
     with socket.socket() as sock:  # a port nothing listens on once closed
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    unreachable = credits_harness(api, CREDITS_API_URL=f"http://127.0.0.1:{port}")
+    unreachable = credits_harness(api, BATCHRUN_BACKEND_CREDITS_URL=f"http://127.0.0.1:{port}")
     with unreachable as h, pytest.raises(batchrun.Retry, match="ConnectError"):
         h.process(dict(CUSTOMER), MONTH)
 
@@ -378,7 +424,7 @@ def test_credits_retried_until_done_grant_each_customer_once(
 ) -> None:
     rows = [(i, f"c{i}@example.com", "starter", 1) for i in range(1, 21)]
     granting.execute("INSERT INTO customer (id, email, plan, active) VALUES :rows", rows=rows)
-    api.respond(503, times=8)  # the first eight calls fail: those customers wait for a retry
+    api.respond(500, times=8)  # the first eight calls fail: those customers wait for a retry
     first = granting.run(MONTH)
     assert (first.succeeded, first.queued_for_retry) == (12, 8)
     rounds = 0
@@ -392,22 +438,15 @@ def test_credits_retried_until_done_grant_each_customer_once(
     assert len(grants(granting)) == 20
 
 
-async def test_credits_client_is_made_once_per_event_loop(api: HttpDouble) -> None:
-    job = credits.MonthlyCredits({"CREDITS_API_URL": api.url})
-    try:
-        mine = job.client()
-        assert job.client() is mine
-        assert str(mine.base_url).rstrip("/") == api.url
-
-        async def in_another_loop() -> Any:
-            return job.client()
-
-        # A warm Lambda runs each invocation in a new loop: a client bound to the old one
-        # would fail there, so the new loop gets its own.
-        other = await asyncio.to_thread(asyncio.run, in_another_loop())
-        assert other is not mine
-    finally:
-        await job.aclose()
+def test_credits_runs_in_two_event_loops(api: HttpDouble) -> None:
+    # A warm Lambda runs each invocation in a new loop: ctx.http's client belongs to the
+    # run (closed at its end), so a run in another loop gets its own and works.
+    rows = [(i, f"c{i}@example.com", "starter", 1) for i in (1, 2)]
+    with credits_harness(api) as first, credits_harness(api) as second:
+        for h in (first, second):
+            h.execute("INSERT INTO customer (id, email, plan, active) VALUES :rows", rows=rows)
+            assert h.run(MONTH).succeeded == 2
+    assert len(api.requests) == 4
 
 
 @pytest.mark.parametrize(

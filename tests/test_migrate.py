@@ -40,6 +40,7 @@ BATCHRUN_TABLES = {
     "batchrun_control",
     "batchrun_entity_task",
     "batchrun_entity_turn",
+    "batchrun_backend_slot",
 }
 USER_COLUMNS = "id, first_name, last_name, email, date_of_birth, status"
 CARD_COLUMNS = "id, recipient_email, message, status, scheduled_at, gift_code"

@@ -34,6 +34,7 @@ BATCHRUN_TABLES = {
     "batchrun_control",
     "batchrun_entity_task",
     "batchrun_entity_turn",
+    "batchrun_backend_slot",
 }
 STALL_ROWS = 200_000
 MAX_WAIT_S = 0.5  # the bound for any application write during the migration

@@ -1,6 +1,6 @@
 """The pacer covers any effect, not only mail: ``--rate`` and the circuit breaker hold a
-job that calls an HTTP API (examples/credits through ``ctx.paced()``), and the pacer's
-feedback (AIMD on a 429, the breaker's gate) in unit tests.
+job that calls an HTTP API (examples/credits through its backend, ``ctx.http``), and the
+pacer's feedback (AIMD on a 429, the breaker's gate) in unit tests (``ctx.paced()``).
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from smtp_server import SmtpTestServer
 
 import batchrun
 from batchrun.pipeline.outcomes import EffectFail, EffectRetry, classify
-from batchrun.policy.pacing import BREAKER_REASON, CircuitBreaker, Pacer
+from batchrun.policy.pacing import CircuitBreaker, Pacer, breaker_reason
 from batchrun.policy.rate import AdaptiveRate
+
+CREDITS_BREAKER = "backend 'credits' unreachable (circuit breaker open)"
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +69,9 @@ def test_rate_20_holds_the_credits_job_to_20_calls_a_second(
     # A leaky bucket of 1 at 20/s: at most 20 starts in any second, plus the one the bucket
     # may hold at a boundary (AdaptiveRate's documented burst, 1 by default).
     assert max(per_second) <= 20 + 1, per_second
+    figures = summary["backends"]["credits"]
+    assert figures["calls"] == len(entities.want) and figures["throttles"] == 0
+    assert 0 < figures["rate"] <= 20  # the backend's own auto rate, capped by --rate 20
 
 
 # -- the breaker over HTTP calls -----------------------------------------------------------
@@ -80,14 +85,16 @@ def closed_port() -> int:
 
 def test_the_breaker_opens_when_the_credits_api_is_down(case: CreditsCase, sqlite_url: str) -> None:
     entities = case.seed(sqlite_url, 80)
-    env = case.env(sqlite_url, CREDITS_API_URL=f"http://127.0.0.1:{closed_port()}")
+    env = case.env(sqlite_url, BATCHRUN_BACKEND_CREDITS_URL=f"http://127.0.0.1:{closed_port()}")
     result = run_cli(
         *case.args("run", "credits", "--period", case.period, "--concurrency", "4", "--json"),
         env=env,
     )
     assert result.returncode == 3, result.stderr
     summary = summary_of(result)
-    assert summary["stopped"] == BREAKER_REASON
+    # The backend's own breaker opened, and stopped the run as the mail backend's would.
+    assert summary["stopped"] == CREDITS_BREAKER == breaker_reason("credits")
+    assert summary["backends"]["credits"]["calls"] >= 5
     assert summary["succeeded"] == 0
     # Every selected customer is queued for retry (or was skipped before the breaker
     # opened: a plan with no credit): nothing lost.
@@ -97,7 +104,7 @@ def test_the_breaker_opens_when_the_credits_api_is_down(case: CreditsCase, sqlit
     tried = [e for e in errors if "ConnectError" in e]
     # The breaker's threshold (5) in a row, plus what was in flight: not one per customer.
     assert 5 <= len(tried) <= 5 + 4, errors
-    assert sum(1 for e in errors if e == BREAKER_REASON) >= len(entities.want) - len(tried)
+    assert sum(1 for e in errors if e == CREDITS_BREAKER) >= len(entities.want) - len(tried)
 
 
 # -- the pacer, unit by unit ---------------------------------------------------------------

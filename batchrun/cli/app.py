@@ -220,6 +220,8 @@ def _setup_logging(verbose: int) -> None:
     logging.getLogger("batchrun").setLevel(level)
     for name in ("aiosqlite", "aiomysql", "asyncio", "aiosmtplib", "httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.DEBUG if verbose >= 3 else logging.INFO)
+    if verbose == 0:  # httpx logs each request at INFO: ctx.http's, one line a call
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     # botocore's DEBUG records carry signed request headers (keys, session tokens): the
     # AWS libraries never log below INFO, whatever -v asks for.
     for name in ("botocore", "aiobotocore", "boto3", "urllib3"):

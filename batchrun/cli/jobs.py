@@ -30,7 +30,9 @@ Rate = Annotated[
         "--rate",
         help="Effects per second at most (emails, and the calls a job makes through "
         "ctx.paced()), or 'auto' for the provider's own limit (SES). On throttling the rate "
-        "halves, then grows back (AIMD). Default: no cap.",
+        "halves, then grows back (AIMD). It also caps each of the job's named backends "
+        "(Job.backends: ctx.backend, ctx.http), the lower rate winning; 'auto' lets one "
+        "without a rate of its own find its limit. Default: no cap.",
     ),
 ]
 DryRun = Annotated[

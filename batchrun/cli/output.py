@@ -142,4 +142,12 @@ def shown(data: dict[str, Any], always: Collection[str] | None) -> dict[str, Any
 def table(title: str, data: dict[str, Any], always: Collection[str] | None = None) -> None:
     """A two-column table of ``data`` (see ``shown``: pass ``always`` to hide zero rows);
     plain ``name  value`` lines when stdout is not a terminal."""
-    print_pairs(title, {key.replace("_", " "): value for key, value in shown(data, always).items()})
+    rows = shown(data, always)
+    backends = rows.pop("backends", None) or {}
+    pairs = {key.replace("_", " "): value for key, value in rows.items()}
+    for name, figures in backends.items():  # one row per named backend
+        pairs[f"backend {name}"] = ", ".join(
+            f"{key.replace('_', ' ')} {'-' if value is None else value}"
+            for key, value in figures.items()
+        )
+    print_pairs(title, pairs)

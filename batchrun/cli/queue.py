@@ -39,7 +39,11 @@ def worker(
     concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 20,
     rate: Annotated[
         str | None,
-        typer.Option("--rate", help="Emails per second at most for this worker, or 'auto'."),
+        typer.Option(
+            "--rate",
+            help="Emails per second at most for this worker, or 'auto'. It also caps each "
+            "named backend's calls per second (Job.backends), the lower rate winning.",
+        ),
     ] = None,
     prefetch: Annotated[
         int,
@@ -71,7 +75,9 @@ def worker(
     and then serves. SIGTERM finishes the entities in flight and hands the rest of a shard
     on. Messages for a job it does not know stay on the queue; at its end it exits 1 with
     one line naming the job (give its module with --jobs). The same error for
-    BATCHRUN_BUG_THRESHOLD entities in a row (a bug in a job) stops it with exit 1.
+    BATCHRUN_BUG_THRESHOLD entities in a row (a bug in a job) stops it with exit 1. An
+    entity whose named backend is busy waits up to BATCHRUN_BUSY_WAIT_S, then goes back to
+    the queue with a growing delay (counted busy): no attempt, never dead-lettered for it.
     """
     context: Invocation = ctx.obj
     settings = context.settings
@@ -138,7 +144,12 @@ def retry(
     ] = 10_000,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 20,
     rate: Annotated[
-        str | None, typer.Option("--rate", help="Emails per second at most, or 'auto'.")
+        str | None,
+        typer.Option(
+            "--rate",
+            help="Emails per second at most, or 'auto'. It also caps each named backend's "
+            "calls per second (Job.backends), the lower rate winning.",
+        ),
     ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", metavar="", help="Print one JSON summary.")
@@ -151,8 +162,10 @@ def retry(
     entities, not messages. A task whose entity the job's page does not return is dropped
     (not_eligible), the ledger left as it was. Messages for a job this process does not
     know stay on the queue (unknown_job) and the drain exits 1 naming it: give the job's
-    module with --jobs (`batchrun --jobs myjobs.py retry`). On an error, one `error:` line
-    (and with --json an object with an "error" key), exit 1.
+    module with --jobs (`batchrun --jobs myjobs.py retry`). An entity whose named backend
+    is busy waits up to BATCHRUN_BUSY_WAIT_S, then goes back with a growing delay (counted
+    busy, no attempt). On an error, one `error:` line (and with --json an object with an
+    "error" key), exit 1.
     """
     context: Invocation = ctx.obj
     settings = context.settings

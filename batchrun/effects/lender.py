@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from batchrun import schemes
+from batchrun.effects.backends import BackendPool
 from batchrun.effects.sending import Sender, make_limiter
 from batchrun.job import Context, Job
 from batchrun.period import Period
@@ -52,6 +53,8 @@ class Effects:
         self._templates_dirs = dict(templates_dirs or {})
         self._templates: dict[str, Templates] = {}
         self._warned_unsubscribe = False
+        # The jobs' named backends: gates for the runtime's life, clients per session.
+        self.backends = BackendPool(settings, getattr(store, "db", None))  # None: no store
 
     def templates(self, job: Job) -> Templates:
         """The job's templates (``--templates``, its own folder, batchrun's), compiled once."""
@@ -91,7 +94,10 @@ class Effects:
     ) -> tuple[Context, Sender]:
         """A context for ``job``'s ``period``, and its effects: email through the mailer
         (none in a dry run), counted in ``summary``, fenced by ``lease``, every effect
-        paced by ``limiter`` and stopped by ``breaker``."""
+        paced by ``limiter`` and stopped by ``breaker``; the job's named backends
+        (``ctx.backend``, ``ctx.http``) through ``backends``."""
+        if not dry_run:
+            self.backends.declare(job)
         sender = Sender(
             None if dry_run else self.mailer,
             self.settings,
@@ -103,6 +109,7 @@ class Effects:
             store=self.store,
             sender=self.settings.sender_for(job),
             breaker=breaker,
+            backends=None if dry_run else self.backends,
         )
         if not dry_run:
             self.warn_without_unsubscribe()

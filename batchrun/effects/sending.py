@@ -29,6 +29,7 @@ from batchrun.settings import Settings
 
 if TYPE_CHECKING:
     from batchrun.db.store import Store
+    from batchrun.effects.backends import BackendPool
     from batchrun.pipeline.engine import StopToken
     from batchrun.pipeline.lease import Lease
     from batchrun.pipeline.reports import Summary
@@ -114,8 +115,10 @@ class Sender:
         store: Store | None = None,
         sender: str | None = None,
         breaker: CircuitBreaker | None = None,
+        backends: BackendPool | None = None,
     ) -> None:
         self.mailer = mailer
+        self.backends = backends  # the jobs' named backends (None: no calls from here)
         self.settings = settings
         self.summary = summary
         self.lease = lease
@@ -141,6 +144,20 @@ class Sender:
     def paced(self) -> AbstractAsyncContextManager[None]:
         """``ctx.paced()``: one call to an outside service through the run's pacer."""
         return self.pacer.call()
+
+    def backend(self, ctx: Context, name: str) -> AbstractAsyncContextManager[None]:
+        """``ctx.backend(name)``: one call through the backend's gate."""
+        return self._backends(name).call(ctx, name)
+
+    def http(self, ctx: Context, name: str) -> Any:
+        """``ctx.http(name)``: the backend's httpx client."""
+        return self._backends(name).http(ctx, name)
+
+    def _backends(self, name: str) -> BackendPool:
+        if self.backends is None:
+            # A dry run, a preview: nothing is called, as nothing is sent.
+            raise RuntimeError(f"backend {name!r} is not called in a dry run or a preview")
+        return self.backends
 
     def count(self, name: str, n: int) -> None:
         if self.summary is not None:

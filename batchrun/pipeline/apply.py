@@ -8,7 +8,9 @@
                                               (visible after the delay); a message is hidden
                                               for the delay
     failed       FAILED                       dead: to the dead-letter queue
-    busy         released (no attempt)        later, kept: no receive counts against it
+    busy         released (no attempt)        later, given back: its message comes back as
+                                              new after a delay that grows each time
+                                              (no receive counts against it)
 
 A worker takes its next entity only after its last outcome is durable, so at most
 ``concurrency`` finished effects are ever unrecorded: that bounds the one duplicate window
@@ -57,6 +59,8 @@ class Disposition:
     unknown_job: str | None = None  # a job this process does not know: kept on the queue
     unknown: bool = False  # the job's statement lost its reply (unknown_outcome)
     keep: bool = False  # kept on the queue, no receive counted (a task waiting its turn)
+    busy: bool = False  # its backend was busy: given back (``WorkQueue.give_back``)
+    body: str | None = None  # the body it is given back with (its ``busy`` count one up)
 
 
 def disposition(outcome: Outcome) -> Disposition:
@@ -66,8 +70,15 @@ def disposition(outcome: Outcome) -> Disposition:
     if outcome.state is State.FAILED:
         return Disposition("dead", outcome.reason or "failed", outcome=State.FAILED)
     if outcome.busy:
+        # The consumer sets the delay and the body (``Consumer.give_back``); ``delay_s``
+        # is what the backend asked for meanwhile (a Retry-After).
         return Disposition(
-            "later", outcome.reason or "busy", delay_s=outcome.delay_s or 0.0, keep=True
+            "later",
+            outcome.reason or "busy",
+            delay_s=outcome.delay_s or 0.0,
+            counted=False,
+            keep=True,
+            busy=True,
         )
     return Disposition(
         "later",
@@ -248,13 +259,20 @@ async def settle_messages(
     messages returned are the batch's failures (``batchItemFailures``), the rest SQS
     deletes; a dead one goes straight to the dead-letter queue and is no failure; a
     poison one is a failure, for the queue's redrive policy to dead-letter; a failure to
-    hide one is logged (SQS's own visibility timeout applies then).
+    hide one is logged (SQS's own visibility timeout applies then). A busy one given back
+    as a fresh copy (a standard SQS queue, ``DelaySeconds``) is no failure either: SQS
+    deletes the original, and its receive count never grows for busy answers.
     """
     failed: list[Received] = []
     done: list[Received] = []
     for item in items:
         verdict = dispositions.get(item.message_id, Disposition("later"))
-        if verdict.action == "delete":
+        if verdict.busy and verdict.body is not None:
+            if await _given_back(queue, item, verdict, event_source=event_source):
+                done.append(item)  # a fresh copy waits: the original goes
+            elif event_source:
+                failed.append(item)
+        elif verdict.action == "delete":
             done.append(item)
         elif verdict.action == "dead" and event_source:
             await queue.send_dead([(item.body, verdict.reason)])
@@ -275,6 +293,21 @@ async def settle_messages(
     if done and not event_source:
         await queue.delete(done)
     return failed
+
+
+async def _given_back(
+    queue: WorkQueue, item: Received, verdict: Disposition, *, event_source: bool
+) -> bool:
+    """Give a busy message back; whether a fresh copy was queued (the original goes)."""
+    assert verdict.body is not None
+    try:
+        return await queue.give_back(item, verdict.body, verdict.delay_s)
+    except BatchrunError as exc:
+        if not event_source:
+            raise
+        # Left to the visibility timeout: it comes back (a receive counted, this once).
+        log.warning("could not give busy message %s back: %s", item.message_id, exc)
+        return False
 
 
 async def _quietly(item: Received, call: Awaitable[None]) -> None:

@@ -40,7 +40,8 @@ from batchrun.pipeline.run import Options, run_period
 from batchrun.pipeline.wiring import Wiring
 from batchrun.pipeline.work import EntityWorker
 from batchrun.policy.bugs import BugStreak
-from batchrun.policy.pacing import BREAKER_REASON, CircuitBreaker
+from batchrun.policy.busy import busy_delay_s
+from batchrun.policy.pacing import CircuitBreaker, stopped_by_breaker
 from batchrun.policy.rate import AdaptiveRate
 from batchrun.queue.base import PoisonMessage, QueueMessage, Received, UnknownJob, backoff_s
 
@@ -79,23 +80,34 @@ class Consumer:
         mail backend was found unreachable (the breaker opened), and how many claims on the
         entities retry messages name were taken over by another run meanwhile (a
         continuation's or shard's own are in its summary)."""
+        async with self.w.effects.backends.session(options.rate):
+            found, broken, lost_claims, parsed = await self._process(items, options)
+        for message_id, verdict in found.items():
+            if verdict.busy:
+                found[message_id] = give_back(verdict, *parsed[message_id])
+        return found, broken, lost_claims
+
+    async def _process(
+        self, items: Sequence[Received], options: Options
+    ) -> tuple[dict[str, Disposition], bool, int, dict[str, Entry]]:
         found: dict[str, Disposition] = {}
         groups: dict[tuple[str, str], list[Entry]] = {}
         tasks: list[Entry] = []
+        parsed: dict[str, Entry] = {}
         broken = False
         lost_claims = 0
         for item in items:
             message = self._read(item, found)
             if message is None:
                 continue
+            parsed[item.message_id] = (item, message)
             if message.kind == "entity_task":
                 tasks.append((item, message))
             elif message.kind in ("continuation", "shard"):
                 ran = await self._range(item, message, options)
                 found[item.message_id] = ran
-                broken = broken or (
-                    ran.summary is not None and ran.summary.stopped == BREAKER_REASON
-                )
+                stopped = None if ran.summary is None else ran.summary.stopped
+                broken = broken or stopped_by_breaker(stopped)
             else:
                 groups.setdefault((message.job, message.period), []).append((item, message))
         for (name, text), entries in groups.items():
@@ -111,7 +123,7 @@ class Consumer:
             road = TaskRoad(self.w, self.jobs, self.stop, self.breaker, self.bugs)
             found.update(await road.process(tasks, options))
             broken = broken or self.breaker.open
-        return found, broken, lost_claims
+        return found, broken, lost_claims, parsed
 
     def _read(self, item: Received, found: dict[str, Disposition]) -> QueueMessage | None:
         """The message, or None with its disposition (poison, an unknown job, paused)."""
@@ -168,7 +180,7 @@ class Consumer:
             until=message.until_id,
         )
         pinned = message.limit is not None and summary.eligible >= message.limit
-        if summary.stopped == BREAKER_REASON and not pinned:
+        if stopped_by_breaker(summary.stopped) and not pinned:
             # What it claimed is queued for retry; the rest of the range waits in this
             # same message for a later delivery. (A limited one claimed its whole share
             # and queued it: delivered again, it would take a second share.)
@@ -180,7 +192,7 @@ class Consumer:
                     max_s=self.w.settings.retry_max_backoff_s,
                 ),
             )
-            return Disposition("later", BREAKER_REASON, delay_s=delay, summary=summary)
+            return Disposition("later", summary.stopped or "", delay_s=delay, summary=summary)
         return Disposition("delete", summary=summary)
 
     async def _entities(
@@ -214,6 +226,7 @@ class Consumer:
                     policy=self.w.policy(job),
                     at_once=False,  # a retry's failure backs off (or waits its asked delay)
                     bugs=self.bugs,
+                    busy_wait_s=settings.busy_wait_s,
                 )
                 claims, items, gone = await self._claim(job, ctx, scope, lease, entries)
                 try:
@@ -298,4 +311,14 @@ class Consumer:
         return Disposition("later", delay_s=self.w.settings.lease_s, counted=False)
 
 
-__all__ = ["NOT_ELIGIBLE", "Consumer", "Disposition"]
+def give_back(verdict: Disposition, received: Received, message: QueueMessage) -> Disposition:
+    """A busy entity's message, given back: after ``busy_delay_s`` of the times in a row
+    it came back busy (its ``busy`` count, and on a FIFO queue its receives since), with
+    that count one up in its body; at least what the backend asked for."""
+    times = message.busy + max(1, received.receive_count)
+    delay = busy_delay_s(times, verdict.delay_s or None)
+    body = replace(message, busy=times).to_json()
+    return replace(verdict, delay_s=delay, body=body)
+
+
+__all__ = ["NOT_ELIGIBLE", "Consumer", "Disposition", "give_back"]

@@ -10,6 +10,8 @@
     a job statement's reply lost             -> RETRYING, counted unknown_outcome: the
       (OutcomeUnknownError)                     entity is retried as a whole, the
                                                 statement never re-run alone
+    Busy (a backend not ready, no slot,      -> busy: no attempt counted; a run waits and
+      an answer 429 / 503 through it)           tries again, a consumer gives it back
 
 Connection-level failures (the mail backend or an HTTP peer refusing, timing out or
 dropping) also feed the circuit breaker; throttling (SES, SMTP 454, HTTP 429) also slows
@@ -34,7 +36,7 @@ from batchrun.errors import (
     TemporaryMailError,
     ThrottledError,
 )
-from batchrun.job import Fail, Retry, Skip
+from batchrun.job import Busy, Fail, Retry, Skip
 from batchrun.urls import mask_url
 
 MAX_REASON = 300
@@ -52,6 +54,9 @@ class Outcome:
     halt: bool = False  # nothing can pass until someone acts: opens the breaker at once
     unknown: bool = False  # a statement of the job lost its reply: done or not, nobody knows
     busy: bool = False  # a backend was busy: not attempted, no attempt counted, later again
+    # a backend's own breaker opened on this failure (or refused the call): the run stops
+    # with this reason, as when the mail backend is unreachable
+    stop_reason: str | None = None
 
 
 SUCCEEDED = Outcome(State.SUCCEEDED)
@@ -102,6 +107,8 @@ def effect_outcome(exc: BaseException) -> Outcome | None:
     None for any other exception (a bug in the job, say)."""
     if isinstance(exc, Classified):
         return exc.outcome
+    if isinstance(exc, Busy):
+        return Outcome(State.RETRYING, _short(exc.reason), exc.delay_s, busy=True)
     if isinstance(exc, Skip):
         return Outcome(State.SKIPPED, _short(exc.reason))
     if isinstance(exc, Retry):
@@ -141,6 +148,28 @@ def _http_outcome(exc: BaseException) -> Outcome | None:
     if isinstance(exc, httpx.HTTPError):
         return Outcome(State.RETRYING, _short(f"{type(exc).__name__}: {exc}"))
     return None
+
+
+BUSY_STATUSES = (429, 503)  # a backend's answers that mean busy, not failed
+
+
+def busy_answer(exc: BaseException, backend: str = "") -> Busy | None:
+    """The ``Busy`` an httpx 429 or 503 (``raise_for_status``) means; None for anything else."""
+    httpx = sys.modules.get("httpx")
+    if httpx is None or not isinstance(exc, httpx.HTTPStatusError):
+        return None
+    return busy_response(exc.response, backend)
+
+
+def busy_response(response: object, backend: str = "") -> Busy | None:
+    """The ``Busy`` an httpx response 429 or 503 means (its ``Retry-After`` as the delay);
+    None for any other answer."""
+    status = getattr(response, "status_code", None)
+    if status not in BUSY_STATUSES:
+        return None
+    url = mask_url(str(response.request.url))  # type: ignore[attr-defined]
+    delay = retry_after_s(response.headers.get("retry-after"))  # type: ignore[attr-defined]
+    return Busy(_short(f"busy: HTTP {status} from {url}"), delay, backend=backend)
 
 
 def retry_after_s(value: str | None) -> float | None:

@@ -49,6 +49,9 @@ class Summary(_Report):
     month: str | None = None  # a month job's period, under the name batchrun 0.1 used
     error: str | None = None  # why the run ended on an error (a bug in the job), one line
     paused: bool = False  # the job was paused (`batchrun pause`): the run did nothing
+    # the job's named backends: {name: {calls, throttles, busy_waits, rate}} (no key when
+    # it declares none)
+    backends: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -77,6 +80,8 @@ class Summary(_Report):
             del data["error"]
         if not data["paused"]:
             del data["paused"]  # shown only when true
+        if not data["backends"]:
+            del data["backends"]
         data.update(counters)
         return data
 
@@ -104,6 +109,10 @@ class RetrySummary(_Report):
     duration_s: float = 0.0
     unknown_jobs: set[str] = field(default_factory=set)  # their names (not in the JSON)
     error: str | None = None  # why the drain stopped on an error (a bug in a job)
+    busy: int = 0  # entities given back to the queue because their backend was busy
+    # the named backends called: {name: {calls, throttles, busy_waits, rate}} (no key when
+    # none was)
+    backends: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -118,6 +127,8 @@ class RetrySummary(_Report):
         del data["unknown_jobs"]
         if data["error"] is None:
             del data["error"]
+        if not data["backends"]:
+            del data["backends"]
         return data
 
     def unknown_line(self) -> str | None:

@@ -110,14 +110,19 @@ async def run_period(
         options.concurrency,
         options.page_size,
     )
+    pool = w.effects.backends
+    before = pool.snapshot()
     try:
-        async with Lease(
-            w.store, lease_s=w.settings.lease_s, stop=stop, steering=w.steering
-        ) as lease:
+        async with (
+            pool.session(options.rate),
+            Lease(w.store, lease_s=w.settings.lease_s, stop=stop, steering=w.steering) as lease,
+        ):
             try:
                 await _run(w, job, period, options, summary, lease, after, until)
             finally:
                 summary.lost_claims = lease.lost_claims
+                if job.backends:
+                    summary.backends = pool.figures(job.backends, since=before)
     finally:
         stop.detach()
         summary.duration_s = time.monotonic() - started
@@ -156,8 +161,13 @@ async def _run(
     applier = Applier(writes.write)
     bugs = BugStreak(w.settings.bug_threshold)
 
+    busy: list[Item] = []  # released on a stop while their backend was busy
+
     def counted(item: Item, outcome: Outcome) -> None:
-        if outcome.state is State.SUCCEEDED:
+        if outcome.busy:
+            summary.left_pending += 1
+            busy.append(item)
+        elif outcome.state is State.SUCCEEDED:
             summary.succeeded += 1
             options.progress("done")
         elif outcome.state is State.SKIPPED:
@@ -213,7 +223,7 @@ async def _run(
             await pager.claim_rest()
             rest = list(pager.unyielded)[known:]
             leftover += [i for i in rest if not lease.lost(i)]
-        released: list[Item] = []
+        released: list[Item] = list(busy)
         if breaker.open:
             summary.stopped = breaker.reason or BREAKER_REASON
             await writes.write([(i, Outcome(State.RETRYING, summary.stopped)) for i in leftover])
@@ -221,7 +231,7 @@ async def _run(
         elif leftover:
             await lease.release(scope, [i.id for i in leftover])
             summary.left_pending += len(leftover)
-            released = leftover
+            released += leftover
         if bugs.tripped is not None:
             # Like the breaker, but the rest waits for a fixed job: released, not queued,
             # and no hand-off (a continuation would only meet the bug again).

@@ -183,6 +183,7 @@ class TaskRoad:
                     at_once=False,
                     bugs=self.bugs,
                     on_done=lambda item: finished.put_nowait(item.id),
+                    busy_wait_s=settings.busy_wait_s,
                 )
                 source = self._source(job, groups, claims, found, finished, stop)
                 try:

@@ -1,6 +1,12 @@
 """One entity's work, the same for every item on the road (a page's entity, one a message
 names, a submitted task): fence, process, classify, settle by the job's RetryPolicy, and
-hand the outcome to the applier."""
+hand the outcome to the applier.
+
+A busy backend (``Busy`` out of ``process``) is no outcome yet: the entity waits with
+backoff within its ``Patience`` (a run's is unbounded, a consumer's is
+``BATCHRUN_BUSY_WAIT_S``; a stop ends it) and ``process`` runs again; once the patience is
+spent the outcome is busy, and the applier gives the entity back without an attempt.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +14,14 @@ import logging
 from collections.abc import Callable
 
 from batchrun.errors import ThrottledError
-from batchrun.job import Context, Job
+from batchrun.job import Busy, Context, Job
 from batchrun.pipeline.apply import Applier
 from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.item import Item
 from batchrun.pipeline.lease import Fence
 from batchrun.pipeline.outcomes import SUCCEEDED, Classified, Outcome, classify
 from batchrun.policy.bugs import BugStreak
+from batchrun.policy.busy import Patience, set_patience
 from batchrun.policy.pacing import CircuitBreaker
 from batchrun.policy.rate import AdaptiveRate
 from batchrun.policy.retry import RetryPolicy
@@ -40,6 +47,7 @@ class EntityWorker:
         on_outcome: Callable[[Item, Outcome], None] | None = None,
         bugs: BugStreak | None = None,
         on_done: Callable[[Item], None] | None = None,
+        busy_wait_s: float | None = None,
     ) -> None:
         self.job = job
         self.ctx = ctx
@@ -53,6 +61,8 @@ class EntityWorker:
         self.on_outcome = on_outcome
         self.bugs = bugs  # the same error for many entities in a row stops the work
         self.on_done = on_done  # told when an item leaves the worker, worked or not
+        # How long an entity waits for a busy backend (None: until it is free, a run's).
+        self.busy_wait_s = busy_wait_s
         self.unstarted: list[Item] = []  # not attempted (stopped, breaker open): the caller's
         self.lost: list[Item] = []
 
@@ -96,14 +106,26 @@ class EntityWorker:
         await self.applier.record(item, outcome)
 
     async def _process(self, item: Item) -> Outcome:
+        patience = Patience(self.stop, self.busy_wait_s)
+        restore = set_patience(patience)
         try:
-            ctx = self.ctx.entity(item.id)
-            if item.key is not None:
-                ctx.key = item.key  # a submitted task's own idempotency key
-            await self.job.process(ctx, item.argument)
-        except Exception as exc:
-            self._bug(exc)
-            return self._failed(exc)
+            while True:
+                try:
+                    ctx = self.ctx.entity(item.id)
+                    if item.key is not None:
+                        ctx.key = item.key  # a submitted task's own idempotency key
+                    await self.job.process(ctx, item.argument)
+                except Busy as exc:
+                    # Not an attempt: wait and go again while the patience lasts.
+                    if await patience.sleep(patience.backoff_s(exc.delay_s)):
+                        continue
+                    return classify(exc)
+                except Exception as exc:
+                    self._bug(exc)
+                    return self._failed(exc)
+                break
+        finally:
+            restore()
         self.breaker.success()
         if self.bugs is not None:
             self.bugs.success()
@@ -116,7 +138,13 @@ class EntityWorker:
 
     def _failed(self, exc: Exception) -> Outcome:
         outcome = classify(exc)  # settled by the policy in ``work``
-        if outcome.connection:
+        if outcome.stop_reason is not None:
+            # A backend's own breaker opened: stop as for the mail backend, for its reason.
+            if self.breaker.failure(halt=True):
+                log.error("stopping: %s; the rest is queued for retry", outcome.stop_reason)
+                self.breaker.reason = outcome.stop_reason
+                self.stop.request(outcome.stop_reason)
+        elif outcome.connection:
             if self.breaker.failure(halt=outcome.halt):
                 if outcome.halt:
                     log.error("stopping: %s; the rest is queued for retry", outcome.reason)

@@ -13,8 +13,8 @@ outside service (an SMTP send, an HTTP request):
                              toward the breaker where the entity's outcome is decided
 
 One pacer serves a run (or a queue drain): mail and every other effect share its rate
-and its breaker. A named backend (its own rate, concurrency and breaker) is one more
-``Pacer`` keyed by name, with a semaphore beside its limiter; ``--rate`` caps each.
+and its breaker. A named backend (``Job.backends``: its own rate, concurrency, ready probe
+and breaker) has a gate of its own instead (``policy/gate.py``); ``--rate`` caps each.
 """
 
 from __future__ import annotations
@@ -28,6 +28,17 @@ from batchrun.pipeline.outcomes import EffectRetry, Outcome, as_verdict, effect_
 from batchrun.policy.rate import AdaptiveRate
 
 BREAKER_REASON = "mail backend unreachable (circuit breaker open)"
+_OPEN = "(circuit breaker open)"
+
+
+def breaker_reason(backend: str) -> str:
+    """Why a run stops when the named backend's own breaker opens."""
+    return f"backend {backend!r} unreachable {_OPEN}"
+
+
+def stopped_by_breaker(stopped: str | None) -> bool:
+    """Whether a run's ``stopped`` says a breaker opened (mail's, or a named backend's)."""
+    return stopped is not None and (stopped == BREAKER_REASON or stopped.endswith(_OPEN))
 
 
 class CircuitBreaker:
@@ -107,4 +118,4 @@ class Pacer:
             self.limiter.succeeded()
 
 
-__all__ = ["BREAKER_REASON", "CircuitBreaker", "Pacer"]
+__all__ = ["BREAKER_REASON", "CircuitBreaker", "Pacer", "breaker_reason", "stopped_by_breaker"]

@@ -1,4 +1,4 @@
-"""Adaptive send rate: pace sends, and find the provider's limit by AIMD.
+"""Adaptive send rate: pace sends (or calls), and find the provider's limit by AIMD.
 
 ``AdaptiveRate`` is an async context manager with aiolimiter's shape (``async with
 limiter:`` around each send), so the engine can hold either. Unlike ``AsyncLimiter`` its
@@ -8,6 +8,10 @@ the law TCP uses to share a link. Against a provider with a hard limit ``L`` the
 to ``L``, is throttled back to about ``L/2``, and climbs again: a sawtooth whose mean is
 about ``0.75 * L``. Leaving the ``async with`` block feeds the law by itself: a clean exit
 is a success, a ``ThrottledError`` a throttle, any other error neither.
+
+A named backend's rate (``effects/backends.py``) takes a gentler law: ``slow_start``
+doubles the rate each second until the first throttle, and ``decrease=0.9`` saws between
+``0.9 * L`` and ``L``, a mean near ``0.95 * L`` (``python -m bench.backend_rate``).
 
 Why not build on aiolimiter (read in 1.3.0's ``leakybucket.py``): ``AsyncLimiter.max_rate``
 and ``time_period`` are plain attributes, but the leak rate is cached at construction in the
@@ -52,6 +56,8 @@ class AdaptiveRate(AbstractAsyncContextManager[None]):
         burst: float = 1.0,
         settle_s: float = 10.0,
         max_pause_s: float = 60.0,
+        decrease: float = 0.5,
+        slow_start: bool = False,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -70,6 +76,9 @@ class AdaptiveRate(AbstractAsyncContextManager[None]):
                 ``1/rate`` apart.
             settle_s: time constant of ``settled``, the rate's recent time-weighted mean.
             max_pause_s: cap on a provider's ``retry_after_s`` hint.
+            decrease: what a throttle multiplies the rate by (0.5: TCP's halving).
+            slow_start: until the first throttle, each second of rate-bound success
+                doubles the rate (TCP's slow start) instead of adding ``increase``.
             clock: monotonic seconds; the loop's or a fake one in tests.
             sleep: awaits a number of seconds; must advance ``clock`` by that much.
 
@@ -91,6 +100,10 @@ class AdaptiveRate(AbstractAsyncContextManager[None]):
             raise ValueError(f"burst must be at least 1, got {burst!r}")
         _check_positive("settle_s", settle_s)
         _check_positive("max_pause_s", max_pause_s)
+        if not (math.isfinite(decrease) and 0 < decrease < 1):
+            raise ValueError(f"decrease must be a number between 0 and 1, got {decrease!r}")
+        self._decrease = decrease
+        self._slow_start = slow_start
         self._floor = floor
         self._ceiling = ceiling
         self._increase = increase
@@ -146,6 +159,10 @@ class AdaptiveRate(AbstractAsyncContextManager[None]):
         self._ceiling = value
         self._set_rate(self._clamp(self._rate), self._clock())
 
+    def paused_s(self) -> float:
+        """Seconds until a throttle's ``retry_after_s`` stops holding every send back."""
+        return max(0.0, self._paused_until - self._clock())
+
     @property
     def settled(self) -> float:
         """The rate's time-weighted mean over about the last ``settle_s`` seconds.
@@ -156,17 +173,26 @@ class AdaptiveRate(AbstractAsyncContextManager[None]):
         """
         return self._settled_now(self._clock())
 
-    async def acquire(self) -> None:
-        """Wait for this send's slot at the current rate (FIFO among waiting sends)."""
+    async def acquire(self, *, pause_limit_s: float = math.inf) -> bool:
+        """Wait for this send's slot at the current rate (FIFO among waiting sends).
+
+        Args:
+            pause_limit_s: give up (False, no slot taken) rather than wait for a
+                throttle's hold-until that ends later than this from now; the pace
+                itself is always waited for.
+        """
         async with self._turn:
             arrived = self._clock()
             self._leak(arrived)
+            give_up_at = arrived + pause_limit_s
             # a send already in the bucket (every task queued behind the lock finds the one
             # before it there): the pacer, not the caller, sets the pace
             backlogged = self._level > _TOLERANCE_S
             while True:
                 now = self._clock()
                 self._leak(now)
+                if self._paused_until > now + _TOLERANCE_S and self._paused_until > give_up_at:
+                    return False
                 wait = max((self._level + 1 - self._burst) / self._rate, self._paused_until - now)
                 if wait <= _TOLERANCE_S:
                     break
@@ -174,6 +200,7 @@ class AdaptiveRate(AbstractAsyncContextManager[None]):
                 await self._sleep(wait)
             self._level = max(self._level, 0.0) + 1
             self._backlogged = backlogged
+            return True
 
     def succeeded(self) -> None:
         """Record a send the provider accepted: grow the rate by ``increase`` per second.
@@ -185,10 +212,15 @@ class AdaptiveRate(AbstractAsyncContextManager[None]):
         """
         if not self._backlogged or self._increase == 0:
             return
-        self._set_rate(self._clamp(self._rate + self._increase / self._rate), self._clock())
+        if self._slow_start:  # 2 ** (1 / rate) per success: twice the rate per second
+            grown = self._rate * 2 ** (1 / self._rate)
+        else:
+            grown = self._rate + self._increase / self._rate
+        self._set_rate(self._clamp(grown), self._clock())
 
     def throttled(self, retry_after_s: float | None = None) -> bool:
-        """Record a throttle: halve the rate, at most once per ``window_s``.
+        """Record a throttle: halve the rate (``decrease``), at most once per ``window_s``;
+        a slow start ends here.
 
         Args:
             retry_after_s: the provider's hint, if any: no send starts before it passes
@@ -207,7 +239,8 @@ class AdaptiveRate(AbstractAsyncContextManager[None]):
             return False
         self._last_decrease = now
         self.decreases += 1
-        self._set_rate(max(self._floor, self._rate / 2), now)
+        self._slow_start = False
+        self._set_rate(max(self._floor, self._rate * self._decrease), now)
         return True
 
     async def __aenter__(self) -> None:

@@ -5,6 +5,7 @@ consumer), through ``settle``:
 
     outcome of process (classify)   -> RETRYING, FAILED, SKIPPED or succeeded
     RETRYING at the last attempt    -> FAILED "gave up after N attempts: ..."
+    busy (a backend was busy)       -> untouched: no attempt, never given up on
     RETRYING                        -> its delay: the job's ``Retry(delay_s)`` or an HTTP
                                        429's ``Retry-After`` if given, else at once for a
                                        run's failure and an exponential backoff with jitter
@@ -91,8 +92,8 @@ class RetryPolicy:
         """
         from batchrun.db.store import State
 
-        if outcome.state is not State.RETRYING:
-            return outcome
+        if outcome.state is not State.RETRYING or outcome.busy:
+            return outcome  # busy is no attempt: it never gives up, its delay is the road's
         if self.attempts is not None and attempts + 1 >= self.attempts:
             return replace(
                 outcome,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard
 
 from batchrun import schemes
@@ -62,14 +62,19 @@ class QueueMessage:
     reason: str = ""
     limit: int | None = None
     key: str = ""  # an entity_task's
+    # times in a row a consumer gave this entity (or task) back because its backend was
+    # busy: the next give-back waits longer (``policy.busy.busy_delay_s``)
+    busy: int = 0
 
     def to_json(self) -> str:
+        busy = {"busy": self.busy} if self.busy else {}
         if self.kind == "entity_task":
             task = {"v": 2, "kind": self.kind, "job": self.job, "id": self.entity_id}
-            return json.dumps({**task, "key": self.key}, separators=(",", ":"))
+            return json.dumps({**task, "key": self.key, **busy}, separators=(",", ":"))
         body: dict[str, Any] = {"v": 2, "kind": self.kind, "job": self.job, "period": self.period}
         if self.kind in ("retry", "task"):
             body.update(id=self.entity_id, attempt=self.attempt, reason=self.reason[:300])
+            body.update(busy)
         else:
             body.update(after_id=self.after_id)
             if self.until_id != MAX_ID:
@@ -101,8 +106,11 @@ class QueueMessage:
             raise PoisonMessage(f"unknown job {job!r}")
         if job not in units:
             raise UnknownJob(job)
+        busy = body.get("busy", 0)
+        if not _is_int(busy) or not 0 <= busy <= MAX_ID:
+            raise PoisonMessage(f"bad busy {busy!r}")
         if kind == "entity_task":
-            return cls._entity_task(job, body)
+            return replace(cls._entity_task(job, body), busy=busy)
         period = body.get("period", body.get("month"))
         try:
             if not isinstance(period, str):
@@ -125,6 +133,7 @@ class QueueMessage:
                 entity_id=entity_id,
                 attempt=attempt,
                 reason=reason if isinstance(reason, str) else "",
+                busy=busy,
             )
         after_id = body.get("after_id")
         until_id = body.get("until_id", MAX_ID)
@@ -202,6 +211,14 @@ class WorkQueue(Protocol):
     async def keep(self, item: Received, delay_s: float) -> None:
         """Leave ``item`` on the queue for another process (hidden for ``delay_s``), its
         receives never reaching the dead-letter limit (an SQS queue re-sends a copy)."""
+        ...
+
+    async def give_back(self, item: Received, body: str, delay_s: float) -> bool:
+        """Put ``item`` back for a later delivery as if it were new (its backend was busy):
+        with ``body``, after ``delay_s``, its receives starting again, so they never reach
+        the dead-letter limit. True when a fresh copy was queued and ``item`` is the
+        caller's to delete; False when ``item`` itself waits (the local table's row, or a
+        FIFO queue's message, hidden for the delay: FIFO takes no per-message delay)."""
         ...
 
     async def depths(self) -> tuple[int, int | None]:

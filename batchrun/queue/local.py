@@ -81,6 +81,18 @@ class LocalQueue:
             visible_at=now_ms() + int(delay_s * 1000),
         )
 
+    async def give_back(self, item: Received, body: str, delay_s: float) -> bool:
+        """The row itself, with ``body``, visible after ``delay_s``, its receives at 0."""
+        if not item.message_id.isdigit():
+            raise QueueError(f"message {item.message_id!r} is not a row of batchrun_queue")
+        await self.db.execute(
+            "queue_give_back",
+            id=int(item.message_id),
+            body=body,
+            visible_at=now_ms() + int(delay_s * 1000),
+        )
+        return False
+
     async def dead_letter(self, item: Received, reason: str) -> None:
         await self.db.execute("queue_dead_letter", id=int(item.message_id), reason=reason[:500])
 

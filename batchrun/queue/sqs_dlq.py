@@ -74,6 +74,31 @@ class SqsDeadLetters:
         await self._send_batches(self.queue_url, [entry])
         await self.delete([item])
 
+    async def give_back(self, item: Received, body: str, delay_s: float) -> bool:
+        """A standard queue: a fresh copy with ``body`` and ``DelaySeconds`` (receives from
+        0 again), and True (the caller deletes ``item``). A FIFO queue takes no
+        per-message delay: ``item`` is hidden for ``delay_s`` instead (False), and a copy
+        with ``body`` replaces it when one more receive could reach the redrive limit; the
+        copy joins the end of its group, and the database's per-entity order check keeps
+        the entity's tasks in submission order."""
+        await self.open()
+        if not self.fifo:
+            from batchrun.queue.sqs import delay_seconds
+
+            entry = self._entry("0", body, False)
+            entry["DelaySeconds"] = delay_seconds(delay_s)
+            await self._send_batches(self.queue_url, [entry])
+            return True
+        if self.dlq_url is None or item.receive_count + 1 < self.max_receives:
+            await self.retry_later(item, delay_s)
+            return False
+        entry = self._entry(
+            "0", body, self.fifo, dedup=f"busy:{item.message_id}:{item.receive_count}"
+        )
+        await self._send_batches(self.queue_url, [entry])
+        await self.delete([item])
+        return False
+
     async def _dlq(self) -> str:
         await self.open()
         if self.dlq_url is None:

@@ -225,6 +225,7 @@ class Runtime:
         started = time.monotonic()
         await self.preflight()
         result = RetrySummary()
+        backends = self.effects.backends.snapshot()
         result.requeued = await self.requeue_unqueued()
         visibility = max(60.0, self.settings.lease_s * 4)
         received = 0
@@ -248,10 +249,12 @@ class Runtime:
             if broken:
                 # The mail backend is unreachable: the rest waits for a later drain,
                 # instead of burning its attempts against a backend that is down.
-                log.error("mail backend unreachable: the drain stops; run `batchrun retry` later")
+                why = self.consumer.breaker.reason or "mail backend unreachable"
+                log.error("%s: the drain stops; run `batchrun retry` later", why)
                 break
         depth, _ = await queue.depths()
         result.remaining = depth
+        result.backends = self.effects.backends.figures(since=backends)
         result.duration_s = time.monotonic() - started
         return result
 
@@ -279,6 +282,7 @@ class Runtime:
         )
         if not checked:
             return result  # stopped while the mail server (or the queue) was down
+        backends = self.effects.backends.snapshot()
         idle_since = time.monotonic()
         requeued_at = 0.0
         outage = 0
@@ -307,12 +311,15 @@ class Runtime:
             if broken:
                 pause = min(OUTAGE_BACKOFF_S[1], OUTAGE_BACKOFF_S[0] * 2**outage)
                 outage += 1
-                log.warning("mail backend unreachable: the worker pauses %.0f s", pause)
+                why = self.consumer.breaker.reason or "mail backend unreachable"
+                log.warning("%s: the worker pauses %.0f s", why, pause)
                 await self._sleep(pause)
                 self.consumer.breaker.half_open()
+                self.effects.backends.half_open()
             else:
                 outage = 0
         result.remaining, _ = await queue.depths()
+        result.backends = self.effects.backends.figures(since=backends)
         result.duration_s = time.monotonic() - started
         return result
 
@@ -404,6 +411,8 @@ def count(result: RetrySummary, verdict: Disposition) -> None:
         result.unknown_jobs.add(verdict.unknown_job)
     elif verdict.not_eligible:
         result.not_eligible += 1
+    elif verdict.busy:
+        result.busy += 1  # given back: its backend was busy (no attempt)
     elif verdict.action == "poison":
         result.processed += 1  # a message that named no entity, dead-lettered unworked
         result.poison += 1

@@ -257,11 +257,15 @@ class AsyncHarness:
     async def process(self, row: dict[str, Any], period: PeriodLike = None) -> None:
         """The job's ``process`` for one row (its ``id`` sets ``ctx.key``), outside a run:
         no claim, no ledger. What it raises comes out as it is (``Skip``, ``Retry``,
-        ``Fail``, a mail error); what it sends lands in the mailbox."""
-        await self.job.process(self._context(period).entity(row["id"]), row)
-
-    def _context(self, period: PeriodLike) -> Context:
+        ``Fail``, a mail error; a busy backend's ``Busy``, at once: nothing waits here);
+        what it sends lands in the mailbox."""
         runtime = self._runtime()
+        async with runtime.effects.backends.session():  # ctx.http's clients, closed after
+            ctx = self._context(period, runtime)
+            await self.job.process(ctx.entity(row["id"]), row)
+
+    def _context(self, period: PeriodLike, runtime: Runtime | None = None) -> Context:
+        runtime = runtime or self._runtime()
         ctx, _ = runtime.effects.context(
             self.job, self.period(period), stop=runtime.stop, summary=self._direct
         )

@@ -14,6 +14,12 @@ DELETE FROM batchrun_queue WHERE id IN :ids*;
 -- name: queue_change_visibility
 UPDATE batchrun_queue SET visible_at = :visible_at WHERE id = :id;
 
+-- name: queue_give_back
+-- Back for a later delivery as if new (its backend was busy): a new body, its receives
+-- counted afresh.
+UPDATE batchrun_queue SET body = :body, visible_at = :visible_at, receive_count = 0
+WHERE id = :id;
+
 -- name: queue_dead_letter
 UPDATE batchrun_queue SET dead = 1, dead_reason = :reason WHERE id = :id;
 

@@ -165,3 +165,15 @@ CREATE TABLE IF NOT EXISTS batchrun_entity_turn (
   lease_until BIGINT NOT NULL DEFAULT 0,
   PRIMARY KEY (job, entity_id)
 );
+
+-- name: migrate_0068_backend_slot
+-- unless: table batchrun_backend_slot
+-- Slots of shared backends (Backend(concurrency=N, shared=True), see common/backends.sql):
+-- a lease per slot on the server's clock, held while a call runs.
+CREATE TABLE IF NOT EXISTS batchrun_backend_slot (
+  backend VARCHAR(32) NOT NULL,
+  slot INT NOT NULL,
+  owner VARCHAR(32) NULL,
+  lease_until BIGINT NOT NULL DEFAULT 0,
+  PRIMARY KEY (backend, slot)
+);

@@ -180,3 +180,15 @@ CREATE TABLE IF NOT EXISTS batchrun_entity_turn (
   lease_until INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (job, entity_id)
 ) WITHOUT ROWID;
+
+-- name: migrate_0068_backend_slot
+-- unless: table batchrun_backend_slot
+-- Slots of shared backends (Backend(concurrency=N, shared=True), see common/backends.sql):
+-- a lease per slot, held while a call runs.
+CREATE TABLE IF NOT EXISTS batchrun_backend_slot (
+  backend TEXT NOT NULL,
+  slot INTEGER NOT NULL,
+  owner TEXT NULL,
+  lease_until INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (backend, slot)
+) WITHOUT ROWID;
