@@ -14,11 +14,20 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import ClassVar, Literal, TypeVar, get_args
+from typing import ClassVar, Literal, TypeVar
 
-from batchrun.db.base import Database, JobDatabase, Row
+from batchrun.db.base import Database, JobDatabase
 from batchrun.db.base import now_ms as now_ms  # re-exported: tests and scripts import it here
 from batchrun.db.schema import Schema
+from batchrun.db.suppression import (  # re-exported: the suppression list's names
+    MAX_ADDRESS_CHARS as MAX_ADDRESS_CHARS,
+)
+from batchrun.db.suppression import MAX_SOURCE_CHARS as MAX_SOURCE_CHARS
+from batchrun.db.suppression import REASONS as REASONS
+from batchrun.db.suppression import Reason as Reason
+from batchrun.db.suppression import Suppression as Suppression
+from batchrun.db.suppression import SuppressionList
+from batchrun.db.suppression import storable_key as storable_key
 from batchrun.errors import LockTimeoutError
 from batchrun.mail.address import address_key as address_key  # re-exported: the list's key
 
@@ -40,29 +49,10 @@ class State(IntEnum):
 FINAL_STATES = frozenset({State.SUCCEEDED, State.SKIPPED, State.FAILED})
 MAX_ID = 2**63 - 1  # the largest id a BIGINT column (and SQLite's INTEGER) can hold
 
-Reason = Literal["unsubscribe", "bounce", "complaint", "manual"]
-REASONS: tuple[Reason, ...] = get_args(Reason)
-MAX_ADDRESS_CHARS = 254
-MAX_SOURCE_CHARS = 100
-_LOOKUP_CHUNK = 1000  # addresses per IN list: well under every driver's parameter limit
 # How long an outcome write or a release keeps going again while another session's lock
 # holds its rows (each try waits the adapter's lock timeout, then backs off): a long
 # transaction delays the run's bookkeeping, it does not end the run.
 LOCK_PATIENCE_S = 600.0
-
-
-def storable_key(key: str) -> bool:
-    """Whether an address key can be stored and looked up: 1 to 254 characters, none of
-    them a NUL or a lone surrogate (which no database column takes)."""
-    if not 0 < len(key) <= MAX_ADDRESS_CHARS or "\x00" in key:
-        return False
-    if key.isascii():
-        return True
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,17 +90,7 @@ class StatusCounts:
     complaints: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Suppression:
-    """One address no job may mail: why, where that came from, since when (epoch ms)."""
-
-    address: str  # the normalised key (address_key)
-    reason: str
-    source: str
-    created_at: int
-
-
-class Store(Schema):
+class Store(Schema, SuppressionList):
     """Schema (``Schema``: migrate, plan, what jobs need), ledger and suppression-list
     operations over a Database."""
 
@@ -309,89 +289,6 @@ class Store(Schema):
             problems=[(int(r[0]), int(r[1]), int(r[2]), r[3]) for r in rows],
         )
 
-    # -- the suppression list -------------------------------------------------------------
-
-    async def suppress(self, address: str, *, reason: Reason, source: str = "") -> bool:
-        """Put ``address`` on the suppression list; whether it was not on it already (an
-        address already there keeps its first reason and source)."""
-        if reason not in REASONS:
-            raise ValueError(f"suppression reason must be one of {', '.join(REASONS)}")
-        key = address_key(address)
-        if not storable_key(key):
-            raise ValueError(f"not an address to suppress: {address[:80]!r}")
-        changed = await self.db.execute(
-            "suppression_add",
-            address=key,
-            reason=reason,
-            source=source[:MAX_SOURCE_CHARS],
-            now=now_ms(),
-        )
-        return changed > 0
-
-    async def unsuppress(self, address: str) -> bool:
-        """Take ``address`` off the suppression list; whether it was on it."""
-        key = address_key(address)
-        if not storable_key(key):
-            return False
-        return await self.db.execute("suppression_remove", address=key) > 0
-
-    async def suppression(self, address: str) -> Suppression | None:
-        """The suppression list's entry for ``address``, if any."""
-        key = address_key(address)
-        if not storable_key(key):
-            return None
-        row = await self.db.fetchone("suppression_get", address=key)
-        return _suppression(row) if row is not None else None
-
-    async def suppressed(self, addresses: Iterable[str]) -> dict[str, str]:
-        """The suppressed ones among ``addresses`` (as given), each with its reason: one
-        query per thousand addresses."""
-        by_key: dict[str, list[str]] = {}
-        for address in addresses:
-            by_key.setdefault(address_key(address), []).append(address)
-        keys = [k for k in by_key if storable_key(k)]
-        found: dict[str, str] = {}
-        for start in range(0, len(keys), _LOOKUP_CHUNK):
-            chunk = keys[start : start + _LOOKUP_CHUNK]
-            for key, reason in await self.db.fetchall("suppression_of", addresses=chunk):
-                for address in by_key.get(str(key), ()):
-                    found[address] = str(reason)
-        return found
-
-    async def suppressions(self, *, after: str = "", limit: int = 1000) -> list[Suppression]:
-        """A page of the suppression list in address order, addresses above ``after``."""
-        rows = await self.db.fetchall("suppression_page", after=after, limit=limit)
-        return [_suppression(r) for r in rows]
-
-    async def rekey_suppressions(self) -> int:
-        """Rewrite every stored address whose key is not ``address_key`` of itself (rows
-        stored before the key took its present form); how many were rewritten.
-
-        Idempotent and safe to interrupt: the row goes in under its new key (kept as it
-        is when one is there already) before the old one goes, a page at a time.
-        """
-        rewritten = 0
-        after = ""
-        while True:
-            rows = await self.db.fetchall("suppression_page", after=after, limit=_LOOKUP_CHUNK)
-            for row in rows:
-                entry = _suppression(row)
-                key = address_key(entry.address)
-                if key == entry.address or not storable_key(key):
-                    continue
-                await self.db.execute(
-                    "suppression_add",
-                    address=key,
-                    reason=entry.reason,
-                    source=entry.source,
-                    now=entry.created_at,
-                )
-                await self.db.execute("suppression_remove", address=entry.address)
-                rewritten += 1
-            if len(rows) < _LOOKUP_CHUNK:
-                return rewritten
-            after = str(rows[-1][0])
-
 
 async def _patiently(what: str, write: Callable[[], Awaitable[_T]]) -> _T:
     """``write()``, again with backoff while it fails on a lock another session holds (a
@@ -408,7 +305,3 @@ async def _patiently(what: str, write: Callable[[], Awaitable[_T]]) -> _T:
             if tries == 1:
                 log.warning("ledger %s waits for a lock another session holds: %s", what, exc)
             await asyncio.sleep(min(5.0, 0.1 * 2**tries) * random.uniform(0.5, 1.0))
-
-
-def _suppression(row: Row) -> Suppression:
-    return Suppression(str(row[0]), str(row[1]), str(row[2]), int(row[3]))
