@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from batchrun.control.steering import Steering
-from batchrun.db.store import MAX_ID, Scope, Store
+from batchrun.db.store import MAX_ID, Store
 from batchrun.effects.lender import Effects
 from batchrun.errors import NotMigratedError, UsageError
 from batchrun.job import Job
 from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
-from batchrun.pipeline.apply import Disposition, settle_messages
+from batchrun.pipeline.apply import Disposition
 from batchrun.pipeline.consume import Consumer
+from batchrun.pipeline.drain import requeue_unqueued, work_batch
 from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.pager import recheck
 from batchrun.pipeline.reports import FanOut, RetrySummary, Summary
@@ -336,63 +337,17 @@ class Runtime:
         *,
         queue: WorkQueue | None = None,
     ) -> bool:
-        """Work on received messages, then settle each by its disposition; whether the
-        mail backend was found unreachable."""
+        """Work on received messages, then settle each (``pipeline.drain.work_batch``);
+        whether the mail backend was found unreachable."""
         queue = queue or self.queue
         assert queue is not None
-        keepalive = asyncio.create_task(self._keep_invisible(queue, items, visibility_s))
-        try:
-            dispositions, broken, lost = await self.consumer.process(items, options)
-        finally:
-            keepalive.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keepalive
-        result.lost_claims += lost
-        for item in items:
-            count(result, dispositions[item.message_id])
-        await settle_messages(queue, items, dispositions)
-        return broken
-
-    async def _keep_invisible(
-        self, queue: WorkQueue, items: list[Received], visibility_s: float
-    ) -> None:
-        """Heartbeat: extend the messages' visibility while they are worked on, so a long
-        shard is not delivered to a second consumer; a dead consumer's reappear."""
-        while True:
-            await asyncio.sleep(visibility_s / 3)
-            for item in items:
-                try:
-                    await queue.retry_later(item, visibility_s)
-                except Exception as exc:
-                    log.warning("could not extend message %s: %s", item.message_id, exc)
+        return await work_batch(self.consumer, queue, items, options, result, visibility_s)
 
     async def requeue_unqueued(self) -> int:
         """Queue the temporary failures that a run could not queue (the queue was down)."""
         assert self.queue is not None
         await self.preflight()
-        total = 0
-        while True:
-            rows = [r for r in await self.store.unqueued_failures(500) if r[0].job in self.jobs]
-            if not rows:
-                return total
-            bodies = [
-                QueueMessage(
-                    "retry",
-                    scope.job,
-                    scope.period,
-                    entity_id=entity_id,
-                    attempt=attempts,
-                    reason=error or "",
-                ).to_json()
-                for scope, entity_id, attempts, error in rows
-            ]
-            await self.queue.send(bodies)
-            by_scope: dict[Scope, list[int]] = {}
-            for scope, entity_id, _, _ in rows:
-                by_scope.setdefault(scope, []).append(entity_id)
-            for scope, ids in by_scope.items():
-                await self.store.mark_queued(scope, ids)
-            total += len(rows)
+        return await requeue_unqueued(self.store, self.queue, self.jobs)
 
 
 def paused_summary(job: Job, period: Period) -> Summary:
@@ -400,23 +355,3 @@ def paused_summary(job: Job, period: Period) -> Summary:
     summary = new_summary(job, period, False)
     summary.paused = True
     return summary
-
-
-def count(result: RetrySummary, verdict: Disposition) -> None:
-    """Add one processed message's disposition to the totals, in entities."""
-    if verdict.summary is not None:
-        result.add_run(verdict.summary)
-    elif verdict.unknown_job is not None:
-        result.unknown_job += 1
-        result.unknown_jobs.add(verdict.unknown_job)
-    elif verdict.not_eligible:
-        result.not_eligible += 1
-    elif verdict.busy:
-        result.busy += 1  # given back: its backend was busy (no attempt)
-    elif verdict.action == "poison":
-        result.processed += 1  # a message that named no entity, dead-lettered unworked
-        result.poison += 1
-        result.dead_lettered += 1
-    elif verdict.counted and verdict.outcome is not None:
-        result.add_entity(verdict.outcome)
-        result.unknown_outcome += verdict.unknown
