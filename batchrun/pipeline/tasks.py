@@ -41,6 +41,7 @@ from batchrun.tasks.store import TaskRow, TaskState, TaskStore
 
 log = logging.getLogger(__name__)
 TURN_WAIT_S = 0.5  # a task waiting for its entity's turn looks again after about this long
+TURN_WAIT_MAX_S = 60.0  # ... doubling with each receive, up to this
 WAITING = "waiting for its entity's turn"
 
 Entry = tuple[Received, QueueMessage]
@@ -289,7 +290,7 @@ class TaskRoad:
             claims.running[row.id] = (job.name, entity)
             return _item(job, row, received, message)
         for received, _ in group or ():
-            found.setdefault(received.message_id, _wait())
+            found.setdefault(received.message_id, _wait_turn(received.receive_count))
         if group is not None:
             group.clear()
         if (job.name, entity) in claims.turns:
@@ -321,6 +322,14 @@ def _task_state(outcome: Outcome) -> TaskState:
 def _wait(around_s: float = TURN_WAIT_S) -> Disposition:
     delay = around_s * random.uniform(0.5, 1.5)
     return Disposition("later", WAITING, delay_s=delay, counted=False, keep=True)
+
+
+def _wait_turn(receives: int) -> Disposition:
+    """A task that is not its entity's turn yet: back after a delay that doubles with each
+    receive (``TURN_WAIT_S`` first, ``TURN_WAIT_MAX_S`` at most), so one waiting behind a
+    long task, or behind one waiting for its retry, does not cost a receive (a Lambda
+    invocation) every half second."""
+    return _wait(min(TURN_WAIT_MAX_S, TURN_WAIT_S * 2 ** min(max(0, receives - 1), 16)))
 
 
 async def _next_finished(finished: asyncio.Queue[int], stop: StopToken) -> int | None:
