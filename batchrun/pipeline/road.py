@@ -1,4 +1,4 @@
-"""The road itself: items from a source, each worked by a ``EntityWorker`` in a bounded pool,
+"""The road itself: items from a source, each worked by an ``EntityWorker`` in a bounded pool,
 its outcome applied; what was claimed and not worked comes back to the caller.
 
     source (pager | messages | tasks) -> Runner(concurrency) -> EntityWorker -> Applier

@@ -1,4 +1,6 @@
-"""Retry queues: the protocol, the local table backend, SQS later."""
+"""Work queues (retries, submitted tasks, continuations, shards): the protocol, the local
+table (queue/local.py), SQS with its dead-letter queue (queue/sqs.py), dead letters
+(queue/dead.py)."""
 
 from __future__ import annotations
 
