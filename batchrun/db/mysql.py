@@ -2,25 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import random
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
 import aiomysql
 import pymysql
 
-from batchrun.db.base import Database, Row
+from batchrun.db.base import Row
 from batchrun.db.ddl import NotOnlineError
+from batchrun.db.server import CONFLICT_TRIES, ServerDatabase
 from batchrun.db.sql import Queries, Statement
 from batchrun.errors import (
     ConfigError,
     DatabaseError,
     LockTimeoutError,
     NotMigratedError,
-    OutcomeUnknownError,
 )
 from batchrun.urls import mask_text, mask_url, split
 
@@ -32,11 +30,9 @@ _LOCK_WAIT_TIMEOUT = 1205
 # construction) goes again on a fresh connection; a job's statement never does (its
 # outcome is unknown: OutcomeUnknownError, the entity is retried as a whole).
 _LOST = {2006, 2013, 2055}
-_LOST_TRIES = 3
 # Deadlock, lock wait timeout: InnoDB rolled the statement back (autocommit, and
 # innodb_rollback_on_timeout or not, a timed-out statement is undone), so it goes again.
 _CONFLICT = {1213, _LOCK_WAIT_TIMEOUT}
-_CONFLICT_TRIES = 3
 # A batchrun statement waits at most this long for a row lock, then goes again (three tries
 # in all): well under the 15 s lease, so a heartbeat or outcome write held up by another
 # session's lock fails in time for the run to notice (the fence in pipeline/lease.py),
@@ -77,15 +73,14 @@ class QuietCursor(aiomysql.Cursor):  # type: ignore[misc]
         return super()._escape_args(args, conn)
 
 
-class MySQLDatabase(Database):
-    """A pool of autocommit connections; never shares one connection between tasks."""
+class MySQLDatabase(ServerDatabase):
+    """A pool of autocommit connections; never shares one connection between tasks. The
+    clock is the server's ``UTC_TIMESTAMP(6)``."""
 
     dialect = "mysql"
 
     def __init__(self, url: str, queries: Queries, pool: aiomysql.Pool) -> None:
-        super().__init__(queries)
-        self._raw_url = url
-        self.url = mask_url(url)
+        super().__init__(url, queries)
         self._pool = pool
 
     @classmethod
@@ -139,9 +134,6 @@ class MySQLDatabase(Database):
     async def _run(
         self, sql: str, args: tuple[Any, ...], *, fetch: bool, rerun: bool = True
     ) -> tuple[int, list[Row], list[str], bool]:
-        """Run one statement: (rowcount, rows, column names, whether it went again after a
-        lost connection). ``rerun``: batchrun's own statement, safe to run again after a
-        lost reply; a job's statement is not (``OutcomeUnknownError``)."""
         lost = conflicts = 0
         while True:
             try:
@@ -162,12 +154,11 @@ class MySQLDatabase(Database):
                     conn.close()
                     lost = await self._after_lost(exc, lost, rerun=rerun)
                     continue
-                if code in _CONFLICT and conflicts < _CONFLICT_TRIES:
+                if code in _CONFLICT and conflicts < CONFLICT_TRIES:
                     # The heartbeat and the outcome writes lock the same ledger rows in
                     # different index orders; InnoDB breaks the rare cycle by rolling one
                     # statement back, and that statement simply goes again.
-                    conflicts += 1
-                    await asyncio.sleep(random.uniform(0.01, 0.05) * conflicts)
+                    conflicts = await self._after_conflict(conflicts)
                     continue
                 raise self._convert(exc) from exc
             except OSError as exc:
@@ -177,23 +168,12 @@ class MySQLDatabase(Database):
             finally:
                 await self._pool.release(conn)
 
-    async def _after_lost(self, exc: BaseException, lost: int, *, rerun: bool) -> int:
-        """After a lost connection: how many so far, once it is safe and worth going again;
-        else the error to raise."""
-        text = mask_text(_describe(exc), self._raw_url)
-        if not rerun:
-            raise OutcomeUnknownError(
-                f"database {self.url}: the connection was lost before the statement's reply "
-                f"({text}): its outcome is unknown"
-            ) from exc
-        if lost >= _LOST_TRIES:
-            raise DatabaseError(f"database {self.url}: {text}") from exc
-        log.warning("database connection lost (%s); trying again", text)
-        await asyncio.sleep(random.uniform(0.05, 0.15) * 2**lost)
-        return lost + 1
+    @staticmethod
+    def _describe(exc: BaseException) -> str:
+        return _describe(exc)
 
     def _convert(self, exc: pymysql.err.MySQLError) -> DatabaseError:
-        text = mask_text(_describe(exc), self._raw_url)
+        text = self._masked(exc)
         if _code(exc) == _NO_TABLE:
             return NotMigratedError(
                 f"database {self.url} is missing batchrun's tables ({text}): "
@@ -205,40 +185,9 @@ class MySQLDatabase(Database):
             return NotOnlineError(text)
         return DatabaseError(f"database {self.url}: {text}")
 
-    async def execute(self, name: str, **params: Any) -> int:
-        sql, args = self.queries.compile(name, params)
-        count, _, _, _ = await self._run(sql, args, fetch=False)
-        return count
-
-    async def execute_reran(self, name: str, **params: Any) -> tuple[int, bool]:
-        sql, args = self.queries.compile(name, params)
-        count, _, _, reran = await self._run(sql, args, fetch=False)
-        return count, reran
-
-    async def fetchall(self, name: str, **params: Any) -> list[Row]:
-        sql, args = self.queries.compile(name, params)
-        _, rows, _, _ = await self._run(sql, args, fetch=True)
-        return rows
-
-    async def fetch_sql(self, sql: str, args: tuple[Any, ...]) -> list[Row]:
-        _, rows, _, _ = await self._run(sql, args, fetch=True)
-        return rows
-
-    async def fetch_columns(self, sql: str, args: tuple[Any, ...]) -> tuple[list[str], list[Row]]:
-        _, rows, names, _ = await self._run(sql, args, fetch=True, rerun=False)
-        return names, rows
-
-    async def execute_sql(self, sql: str, args: tuple[Any, ...]) -> int:
-        count, _, _, _ = await self._run(sql, args, fetch=False, rerun=False)
-        return count
-
     async def run_step(self, statement: Statement) -> None:
         sql, args = self.queries.compile_text(statement.text, statement.text, {})
         await self._run(sql, args, fetch=False)
-
-    async def clock_ms(self) -> int:
-        """The server's clock (UTC_TIMESTAMP(6), NOW(6) in UTC) in epoch milliseconds."""
-        return int(await self.fetchval("clock_ms"))
 
     async def estimate_rows(self, table: str) -> int | None:
         """InnoDB's own estimate (information_schema TABLES.TABLE_ROWS): no table scan."""
@@ -246,11 +195,6 @@ class MySQLDatabase(Database):
             return None
         rows = await self.fetchval("table_rows", table=table)
         return None if rows is None else int(rows)
-
-    async def threads_running(self) -> int | None:
-        """The server's Threads_running (SHOW GLOBAL STATUS): statements executing now."""
-        row = await self.fetchone("threads_running")
-        return int(row[1]) if row else None
 
     async def close(self) -> None:
         self._pool.close()

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import random
 import re
 from collections.abc import Callable
 from datetime import date, datetime
@@ -14,14 +12,14 @@ from urllib.parse import parse_qs, unquote
 
 import asyncpg
 
-from batchrun.db.base import Database, Row
+from batchrun.db.base import Row
+from batchrun.db.server import CONFLICT_TRIES, ServerDatabase
 from batchrun.db.sql import Queries, Statement
 from batchrun.errors import (
     ConfigError,
     DatabaseError,
     LockTimeoutError,
     NotMigratedError,
-    OutcomeUnknownError,
 )
 from batchrun.urls import mask_text, mask_url, split
 
@@ -36,11 +34,9 @@ _LOCK_NOT_AVAILABLE = "55P03"
 # Deadlock, serialization failure, lock_timeout: the server rolled the statement back, so
 # it goes again.
 _CONFLICT = {"40P01", "40001", _LOCK_NOT_AVAILABLE}
-_CONFLICT_TRIES = 3
 # A lost connection (a terminated backend, a dropped socket, asyncpg's protocol left in a
 # state it cannot leave): batchrun's own statement goes again on a fresh connection, as on
-# MySQL; a job's statement never does (OutcomeUnknownError).
-_LOST_TRIES = 3
+# MySQL; a job's statement never does (db/server.py).
 # As on MariaDB (see batchrun/db/mysql.py): a batchrun statement waits at most this long for
 # a row lock, then goes again (three tries in all), well under the 15 s lease, so a blocked
 # heartbeat or outcome write fails in time for the fence in pipeline/lease.py to notice.
@@ -107,15 +103,14 @@ def connection_options(url: str) -> dict[str, Any]:
     return settings
 
 
-class PostgreSQLDatabase(Database):
-    """A pool of connections in autocommit; never shares one connection between tasks."""
+class PostgreSQLDatabase(ServerDatabase):
+    """A pool of connections in autocommit; never shares one connection between tasks. The
+    clock is the server's ``clock_timestamp()``."""
 
     dialect = "postgresql"
 
     def __init__(self, url: str, queries: Queries, pool: asyncpg.Pool) -> None:
-        super().__init__(queries)
-        self._raw_url = url
-        self.url = mask_url(url)
+        super().__init__(url, queries)
         self._pool = pool
         self._claimed = 0
         self._analyze_at = _ANALYZE_FIRST
@@ -147,9 +142,6 @@ class PostgreSQLDatabase(Database):
     async def _run(
         self, sql: str, args: tuple[Any, ...], *, fetch: bool, rerun: bool = True
     ) -> tuple[int, list[Row], list[str], bool]:
-        """Run one statement: (rowcount, rows, column names, whether it went again after a
-        lost connection). ``rerun``: batchrun's own statement, safe to run again after a
-        lost reply; a job's statement is not (``OutcomeUnknownError``)."""
         lost = conflicts = 0
         while True:
             try:
@@ -175,15 +167,13 @@ class PostgreSQLDatabase(Database):
                     _discard(conn)
                     lost = await self._after_lost(exc, lost, rerun=rerun)
                     continue
-                if code in _CONFLICT and conflicts < _CONFLICT_TRIES:
-                    conflicts += 1
-                    await asyncio.sleep(random.uniform(0.01, 0.05) * conflicts)
+                if code in _CONFLICT and conflicts < CONFLICT_TRIES:
+                    conflicts = await self._after_conflict(conflicts)
                     continue
                 raise self._convert(exc) from exc
             except (asyncpg.InterfaceError, _InternalClientError, OSError) as exc:
                 if not _client_lost(exc):
-                    text = mask_text(_describe(exc), self._raw_url)
-                    raise DatabaseError(f"database {self.url}: {text}") from exc
+                    raise DatabaseError(f"database {self.url}: {self._masked(exc)}") from exc
                 _discard(conn)  # never back into the pool in a state it cannot leave
                 lost = await self._after_lost(exc, lost, rerun=rerun)
                 continue
@@ -191,23 +181,12 @@ class PostgreSQLDatabase(Database):
                 with contextlib.suppress(Exception):
                     await self._pool.release(conn)
 
-    async def _after_lost(self, exc: BaseException, lost: int, *, rerun: bool) -> int:
-        """After a lost connection: how many so far, once it is safe and worth going again;
-        else the error to raise."""
-        text = mask_text(_describe(exc), self._raw_url)
-        if not rerun:
-            raise OutcomeUnknownError(
-                f"database {self.url}: the connection was lost before the statement's reply "
-                f"({text}): its outcome is unknown"
-            ) from exc
-        if lost >= _LOST_TRIES:
-            raise DatabaseError(f"database {self.url}: {text}") from exc
-        log.warning("database connection lost (%s); trying again", text)
-        await asyncio.sleep(random.uniform(0.05, 0.15) * 2**lost)
-        return lost + 1
+    @staticmethod
+    def _describe(exc: BaseException) -> str:
+        return _describe(exc)
 
     def _convert(self, exc: asyncpg.PostgresError) -> DatabaseError:
-        text = mask_text(_describe(exc), self._raw_url)
+        text = self._masked(exc)
         if exc.sqlstate == _NO_TABLE:
             return NotMigratedError(
                 f"database {self.url} is missing batchrun's tables ({text}): "
@@ -216,10 +195,6 @@ class PostgreSQLDatabase(Database):
         if exc.sqlstate in _CONFLICT:
             return LockTimeoutError(f"database {self.url}: {text}")
         return DatabaseError(f"database {self.url}: {text}")
-
-    async def execute(self, name: str, **params: Any) -> int:
-        count, _ = await self.execute_reran(name, **params)
-        return count
 
     async def execute_reran(self, name: str, **params: Any) -> tuple[int, bool]:
         sql, args = self.queries.compile(name, params)
@@ -237,27 +212,6 @@ class PostgreSQLDatabase(Database):
             await self._run(self.queries.statements["analyze_ledger"].text, (), fetch=False)
         except DatabaseError as exc:
             log.debug("ledger statistics not refreshed: %s", exc)
-
-    async def fetchall(self, name: str, **params: Any) -> list[Row]:
-        sql, args = self.queries.compile(name, params)
-        _, rows, _, _ = await self._run(sql, args, fetch=True)
-        return rows
-
-    async def fetch_sql(self, sql: str, args: tuple[Any, ...]) -> list[Row]:
-        _, rows, _, _ = await self._run(sql, args, fetch=True)
-        return rows
-
-    async def fetch_columns(self, sql: str, args: tuple[Any, ...]) -> tuple[list[str], list[Row]]:
-        _, rows, names, _ = await self._run(sql, args, fetch=True, rerun=False)
-        return names, rows
-
-    async def execute_sql(self, sql: str, args: tuple[Any, ...]) -> int:
-        count, _, _, _ = await self._run(sql, args, fetch=False, rerun=False)
-        return count
-
-    async def clock_ms(self) -> int:
-        """The server's clock (clock_timestamp()) in epoch milliseconds."""
-        return int(await self.fetchval("clock_ms"))
 
     async def run_step(self, statement: Statement) -> None:
         """Each statement of the step alone, outside any transaction (``CREATE INDEX
@@ -285,11 +239,6 @@ class PostgreSQLDatabase(Database):
             return None
         rows = await self.fetchval("table_rows", table=table)
         return None if rows is None or int(rows) < 0 else int(rows)
-
-    async def threads_running(self) -> int | None:
-        """Client backends executing a statement now (pg_stat_activity)."""
-        row = await self.fetchone("threads_running")
-        return int(row[1]) if row else None
 
     async def close(self) -> None:
         await self._pool.close()
