@@ -1,0 +1,220 @@
+"""Fast paths on the per-entity path give the same result as the general path they skip."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiosmtplib
+import pytest
+
+from batchrun.errors import MailConnectionError, PermanentMailError, TemporaryMailError
+from batchrun.mail import Message, smtp_transaction
+from batchrun.mail.smtp import SmtpMailer
+
+# -- SMTP PIPELINING (RFC 2920) ----------------------------------------------------------
+
+
+@dataclass
+class FakeServer:
+    """A small SMTP server: offers PIPELINING or not, records every read and message, and
+    answers MAIL / RCPT / DATA as told (``replies``), one reply per write when ``split``."""
+
+    pipelining: bool = True
+    split: bool = False
+    replies: dict[bytes, bytes] = field(default_factory=dict)  # command -> reply line
+    reads: list[bytes] = field(default_factory=list)
+    commands: list[bytes] = field(default_factory=list)
+    buffered: list[bytes] = field(default_factory=list)  # what was already read after each
+    messages: list[bytes] = field(default_factory=list)
+    sessions: int = 0
+    port: int = 0
+    server: asyncio.Server | None = None
+
+    async def start(self) -> FakeServer:
+        self.server = await asyncio.start_server(self._session, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.sessions += 1
+        writer.write(b"220 fake ESMTP\r\n")
+        pending: list[bytes] = []
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                self.reads.append(line)
+                self.buffered.append(bytes(reader._buffer))  # type: ignore[attr-defined]
+                verb = line[:4].upper()
+                self.commands.append(verb)
+                if verb == b"EHLO":
+                    extra = b"250-PIPELINING\r\n" if self.pipelining else b""
+                    writer.write(b"250-fake\r\n" + extra + b"250 SIZE 100000\r\n")
+                    continue
+                if verb == b"QUIT":
+                    writer.write(b"221 bye\r\n")
+                    await writer.drain()
+                    return
+                default = {b"MAIL": b"250 ok", b"RCPT": b"250 ok", b"DATA": b"354 go on"}
+                reply = self.replies.get(verb, default.get(verb, b"250 ok")) + b"\r\n"
+                pending.append(reply)
+                if self.split or verb not in (b"MAIL", b"RCPT") or not reader._buffer:  # type: ignore[attr-defined]
+                    for one in pending:
+                        writer.write(one)
+                        if self.split:
+                            await writer.drain()
+                            await asyncio.sleep(0.01)
+                    pending.clear()
+                if reply.startswith(b"421"):
+                    await writer.drain()
+                    writer.close()
+                    return
+                if verb == b"DATA" and reply.startswith(b"354"):
+                    body = await reader.readuntil(b"\r\n.\r\n")
+                    self.messages.append(body[: -len(b".\r\n")])
+                    writer.write(b"250 queued\r\n")
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            writer.close()
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeServer]:
+    server = await FakeServer().start()
+    yield server
+    await server.stop()
+
+
+async def _client(port: int) -> aiosmtplib.SMTP:
+    client = aiosmtplib.SMTP(hostname="127.0.0.1", port=port, start_tls=False)
+    await client.connect()
+    await client.ehlo()
+    return client
+
+
+def _message(n: int, **overrides: str) -> Message:
+    fields = {
+        "sender": "Birthday Team <birthday@example.com>",
+        "to_addr": f"user{n}@example.com",
+        "to_name": "User",
+        "subject": "Happy birthday",
+        "text": "Your gift code: ABCD-EFGH\n",
+        "html": "",
+        "message_id": f"<birthday.2025.{n}@example.com>",
+    }
+    fields.update(overrides)
+    return Message(**fields)
+
+
+MESSAGES = [
+    _message(1),  # ASCII
+    _message(2, to_name="Zoë Ünïcode", subject="Joyeux anniversaire, Zoë 🎂", text="Café ✓\n"),
+    _message(3, text="x" * 2000 + "\n" + "word " * 400 + "\n", html="<p>" + "y" * 3000),
+    _message(4, text=".leading dot\n..two dots\n.\nlast"),
+]
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-write-replies", "split-replies"])
+async def test_pipelined_messages_arrive_as_the_sequential_path_sends_them(split: bool) -> None:
+    received: dict[bool, list[bytes]] = {}
+    raws = [(m.envelope_sender, m.envelope_to, m.to_bytes()) for m in MESSAGES]
+    for pipelining in (False, True):
+        server = await FakeServer(pipelining=pipelining, split=split).start()
+        client = await _client(server.port)
+        try:
+            for sender, rcpt, raw in raws:
+                await smtp_transaction.transaction(client, sender, rcpt, raw)
+        finally:
+            await client.quit()
+            await server.stop()
+        received[pipelining] = server.messages
+        envelope = [r for r in server.reads if r.startswith((b"MAIL", b"RCPT", b"DATA"))]
+        assert len(envelope) == 3 * len(MESSAGES)
+    assert received[True] == received[False]
+    assert len(received[True]) == len(MESSAGES)
+    assert received[True][3].count(b"\r\n..leading dot\r\n...two dots\r\n..\r\n") == 1
+
+
+async def test_the_envelope_goes_out_in_one_write_when_the_server_pipelines(
+    fake: FakeServer,
+) -> None:
+    fake.split = True  # each reply alone: the commands cannot have waited for one
+    client = await _client(fake.port)
+    try:
+        await smtp_transaction.transaction(client, "a@example.com", "b@example.com", b"S: x\r\n")
+    finally:
+        await client.quit()
+    # When the server read MAIL, RCPT and DATA had already arrived with it.
+    assert fake.commands[:4] == [b"EHLO", b"MAIL", b"RCPT", b"DATA"]
+    assert fake.buffered[1] == b"RCPT TO:<b@example.com>\r\nDATA\r\n"
+    assert fake.messages == [b"S: x\r\n"]
+
+
+@pytest.mark.parametrize(
+    ("verb", "reply", "error"),
+    [
+        (b"MAIL", b"451 4.3.0 later", TemporaryMailError),
+        (b"RCPT", b"550 5.1.1 no such user", PermanentMailError),
+        (b"DATA", b"554 5.5.1 no valid recipients", PermanentMailError),
+    ],
+)
+@pytest.mark.parametrize("split", [False, True])
+async def test_a_refused_command_is_classified_and_the_connection_stays_in_step(
+    fake: FakeServer, verb: bytes, reply: bytes, error: type[Exception], split: bool
+) -> None:
+    fake.split = split
+    fake.replies = {verb: reply}
+    if verb != b"DATA":
+        fake.replies[b"DATA"] = b"503 5.5.1 no valid transaction"
+    mailer = SmtpMailer("127.0.0.1", fake.port, start_tls=False, timeout=5)
+    try:
+        with pytest.raises(error):
+            await mailer.send(_message(1))
+        fake.replies = {}
+        await mailer.send(_message(2))  # the same session, after RSET
+    finally:
+        await mailer.close()
+    assert fake.sessions == 1
+    assert b"RSET" in fake.commands
+    assert len(fake.messages) == 1 and b"<birthday.2025.2@example.com>" in fake.messages[0]
+
+
+async def test_a_421_mid_group_closes_the_session_and_the_next_send_reconnects(
+    fake: FakeServer,
+) -> None:
+    fake.replies = {b"RCPT": b"421 4.3.2 shutting down"}
+    mailer = SmtpMailer("127.0.0.1", fake.port, start_tls=False, timeout=5)
+    try:
+        with pytest.raises(MailConnectionError):
+            await mailer.send(_message(1))
+        fake.replies = {}
+        await mailer.send(_message(2))
+    finally:
+        await mailer.close()
+    assert fake.sessions == 2
+    assert len(fake.messages) == 1
+
+
+async def test_data_opened_for_a_refused_recipient_closes_the_session(fake: FakeServer) -> None:
+    # A broken server says 354 though it refused the recipient: nothing is sent, and the
+    # session, which could only be left by sending a message, is replaced.
+    fake.replies = {b"RCPT": b"550 5.1.1 no such user"}
+    mailer = SmtpMailer("127.0.0.1", fake.port, start_tls=False, timeout=5)
+    try:
+        with pytest.raises(PermanentMailError):
+            await mailer.send(_message(1))
+        fake.replies = {}
+        await mailer.send(_message(2))
+    finally:
+        await mailer.close()
+    assert fake.sessions == 2
+    assert len(fake.messages) == 1 and b"<birthday.2025.2@example.com>" in fake.messages[0]
