@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from batchrun.errors import MailConnectionError, PermanentMailError, TemporaryMailError
 from batchrun.mail import Message, smtp_transaction
 from batchrun.mail.smtp import SmtpMailer
+from batchrun.pipeline import gctune
 from batchrun.templates import Templates
 
 # -- SMTP PIPELINING (RFC 2920) ----------------------------------------------------------
@@ -276,3 +278,29 @@ def test_a_plain_subject_is_still_one_line(tmp_path: Path) -> None:
     templates = _templates(tmp_path, "  Happy\n  birthday \n", "text\n")
     assert templates.render("mail", {}).subject == "Happy birthday"
     assert templates.render("mail", {}).subject == "Happy birthday"
+
+
+# -- the collector's threshold while entities travel ------------------------------------
+
+
+def test_the_collector_threshold_is_raised_while_travelling_and_restored_after() -> None:
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with gctune.fewer_collections():
+            assert gc.get_threshold() == (gctune.RUN_THRESHOLD, 10, 10)
+            with gctune.fewer_collections():  # a second travel at once
+                assert gc.get_threshold()[0] == gctune.RUN_THRESHOLD
+            assert gc.get_threshold()[0] == gctune.RUN_THRESHOLD  # the first still runs
+        assert gc.get_threshold() == (700, 10, 10)
+        with pytest.raises(RuntimeError), gctune.fewer_collections():
+            raise RuntimeError("a travel that fails restores it too")
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(0)  # the application turned collection off: it stays off
+        with gctune.fewer_collections():
+            assert gc.get_threshold()[0] == 0
+        gc.set_threshold(50000, 20, 20)  # already higher: left as it is
+        with gctune.fewer_collections():
+            assert gc.get_threshold() == (50000, 20, 20)
+    finally:
+        gc.set_threshold(*before)
