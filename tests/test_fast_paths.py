@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import binascii
 import gc
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +14,7 @@ import aiosmtplib
 import pytest
 
 from batchrun.errors import MailConnectionError, PermanentMailError, TemporaryMailError
-from batchrun.mail import Message, smtp_transaction
+from batchrun.mail import Message, mime, smtp_transaction
 from batchrun.mail.smtp import SmtpMailer
 from batchrun.pipeline import gctune
 from batchrun.templates import Templates
@@ -304,3 +306,55 @@ def test_the_collector_threshold_is_raised_while_travelling_and_restored_after()
             assert gc.get_threshold() == (50000, 20, 20)
     finally:
         gc.set_threshold(*before)
+
+
+# -- the 7bit check: long lines found by blocks, CRLF made on bytes ----------------------
+
+
+def _long_line_by_split(text: str) -> bool:
+    return max(map(len, text.split("\n"))) > mime.MAX_LINE
+
+
+def _text_body_general(text: str) -> tuple[str, bytes]:
+    """The general path: every line measured, CRLF made on the str."""
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if text.isascii() and "\0" not in text and not _long_line_by_split(text):
+        return "7bit", text.replace("\n", "\r\n").encode("ascii")
+    encoded = binascii.b2a_qp(text.encode("utf-8"), istext=True)
+    return "quoted-printable", encoded.replace(b"\n", b"\r\n")
+
+
+def test_the_long_line_check_agrees_with_measuring_every_line() -> None:
+    rng = random.Random(7)
+    texts = [
+        "x" * n + "\n" + "y" * m
+        for n in (0, 497, 498, 499, 500, 997, 998, 999, 1000, 1500)
+        for m in (0, 1, 498, 998, 999, 2000)
+    ]
+    texts += ["\n" * 3000, "a\n" * 1500, ("z" * 998 + "\n") * 5, ("z" * 998 + "\n") * 5 + "z" * 999]
+    for _ in range(3000):
+        lines = [
+            rng.choice("ab.") * rng.choice((0, 1, 200, 498, 499, 500, 997, 998, 999))
+            for _ in range(rng.randint(1, 8))
+        ]
+        texts.append("\n".join(lines))
+    for text in texts:
+        assert mime._long_line(text) == _long_line_by_split(text), text[:40]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Happy birthday, Grace!\nYour code: ABCD-EFGH\n",  # ASCII: 7bit
+        "Joyeux anniversaire, Zoë 🎂\nCafé ✓\n",  # non-ASCII: quoted-printable
+        "x" * 998 + "\n" + "y" * 998,  # the longest lines 7bit allows
+        "x" * 999 + "\nshort\n",  # one line too long: quoted-printable
+        ("word " * 300 + "\n") * 3,  # 1500-character lines
+        ".leading dot\n..two\n.\nlast",  # dots are the transaction's to stuff, not here
+        "CR LF\r\nand a lone CR\rand NUL \0 end\n",
+        "<p>" + "<td>cell</td>\n" * 400 + "</p>",  # a long HTML body of short lines
+    ],
+)
+def test_text_body_gives_the_general_paths_bytes(text: str) -> None:
+    assert mime.text_body(text) == _text_body_general(text)
