@@ -6,6 +6,7 @@ import asyncio
 import binascii
 import gc
 import random
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 
 from batchrun.errors import MailConnectionError, PermanentMailError, TemporaryMailError
 from batchrun.mail import Message, mime, smtp_transaction
+from batchrun.mail.deadline import Deadlines
 from batchrun.mail.smtp import SmtpMailer
 from batchrun.pipeline import gctune
 from batchrun.templates import Templates
@@ -358,3 +360,58 @@ def test_the_long_line_check_agrees_with_measuring_every_line() -> None:
 )
 def test_text_body_gives_the_general_paths_bytes(text: str) -> None:
     assert mime.text_body(text) == _text_body_general(text)
+
+
+# -- one timer for every send's deadline -------------------------------------------------
+
+
+async def test_an_overdue_send_times_out_as_under_asyncio_timeout() -> None:
+    deadlines = Deadlines(0.2)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError), deadlines.bound():
+        await asyncio.sleep(5)
+    elapsed = time.monotonic() - started
+    assert 0.2 <= elapsed < 0.2 + deadlines.tick + 0.5
+    assert deadlines._timer is None and not deadlines._due  # nothing left armed
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0  # its own cancel was taken back
+
+
+async def test_only_the_overdue_send_is_cut_short() -> None:
+    deadlines = Deadlines(0.3)
+
+    async def send(seconds: float) -> str:
+        with deadlines.bound():
+            await asyncio.sleep(seconds)
+        return "sent"
+
+    quick = [asyncio.create_task(send(0.05)) for _ in range(20)]
+    slow = asyncio.create_task(send(5))
+    assert await asyncio.gather(*quick) == ["sent"] * 20
+    with pytest.raises(TimeoutError):
+        await slow
+
+
+async def test_a_cancel_from_outside_stays_a_cancel() -> None:
+    deadlines = Deadlines(5)
+    entered = asyncio.Event()
+
+    async def send() -> None:
+        with deadlines.bound():
+            entered.set()
+            await asyncio.sleep(5)
+
+    task = asyncio.create_task(send())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert deadlines._timer is None
+
+
+async def test_a_send_that_finishes_in_time_is_untouched() -> None:
+    deadlines = Deadlines(0.05)  # ticks every 10 ms
+    for _ in range(5):
+        with deadlines.bound():
+            await asyncio.sleep(0.01)
+    assert deadlines._timer is None and not deadlines._expired
