@@ -15,13 +15,14 @@ string. ``None`` prints as nothing.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import jinja2
 import jinja2.meta
+import jinja2.nodes
 
 from batchrun.errors import JobError, TemplateError
 
@@ -61,6 +62,22 @@ class _Compiled:
     html: jinja2.Template | None
 
 
+class _Loader(jinja2.FileSystemLoader):
+    """Jinja2's file loader, keeping the first source it read of each template: the one
+    compiled (templates are compiled once), for ``Templates._constant`` to judge."""
+
+    def __init__(self, search: Sequence[Path]) -> None:
+        super().__init__(search)
+        self.sources: dict[str, str] = {}
+
+    def get_source(
+        self, environment: jinja2.Environment, template: str
+    ) -> tuple[str, str, Callable[[], bool]]:
+        source, filename, uptodate = super().get_source(environment, template)
+        self.sources.setdefault(template, source)
+        return source, filename, uptodate
+
+
 class Templates:
     """A job's email templates, each compiled once and rendered per message.
 
@@ -73,7 +90,7 @@ class Templates:
     def __init__(self, search: Sequence[Path | str]) -> None:
         self.search = tuple(Path(folder) for folder in search)
         self._env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(self.search),
+            loader=_Loader(self.search),
             autoescape=jinja2.select_autoescape(
                 enabled_extensions=("html",), disabled_extensions=(), default=False
             ),
@@ -89,6 +106,9 @@ class Templates:
         )
         self._compiled: dict[str, _Compiled] = {}
         self._globals_keys: dict[jinja2.Template, frozenset[str]] = {}
+        # A part that is plain text (no tag, no expression: a fixed subject) renders the
+        # same for every message: rendered once, its text is kept here (None: not plain).
+        self._constants: dict[jinja2.Template, str | None] = {}
 
     def load(self, name: str) -> None:
         """Compile ``name``'s parts and the templates they extend or include, now.
@@ -147,6 +167,35 @@ class Templates:
         context; they do not change once the template is loaded, so the set is taken once
         per template (about a fifth of a part's render).
         """
+        try:
+            constant = self._constants[template]
+        except KeyError:
+            constant = self._constants[template] = self._constant(template)
+        if constant is not None:
+            return constant
+        return self._render_each(template, namespace)
+
+    def _constant(self, template: jinja2.Template) -> str | None:
+        """The text of a plain-text ``template`` (only template data: no tag or expression
+        that could make two renders differ), rendered once; None otherwise. Judged on the
+        source it was compiled from, as the loader kept it: no file is read again."""
+        loader = self._env.loader
+        source = loader.sources.get(template.name or "") if isinstance(loader, _Loader) else None
+        if source is None:
+            return None
+        try:
+            body = self._env.parse(source, template.name).body
+        except jinja2.TemplateError:
+            return None
+        plain = all(
+            isinstance(node, jinja2.nodes.Output)
+            and all(isinstance(child, jinja2.nodes.TemplateData) for child in node.nodes)
+            for node in body
+        )
+        return self._render_each(template, {}) if plain else None
+
+    def _render_each(self, template: jinja2.Template, namespace: dict[str, Any]) -> str:
+        """One render of ``template`` (see ``_render``)."""
         keys = self._globals_keys.get(template)
         if keys is None:
             keys = self._globals_keys[template] = frozenset(template.globals)

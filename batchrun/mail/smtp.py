@@ -21,6 +21,7 @@ from batchrun.errors import (
     ThrottledError,
 )
 from batchrun.mail.address import needs_smtputf8
+from batchrun.mail.deadline import Deadlines
 from batchrun.mail.message import Message
 from batchrun.mail.smtp_transaction import transaction
 
@@ -92,6 +93,7 @@ class SmtpMailer:
         # inside _slots, and a new one is opened only when _idle is empty, so at most
         # pool_size connections are ever open.
         self._slots = asyncio.Semaphore(pool_size)
+        self._deadlines = Deadlines(timeout)  # one timer for every send's bound
         self._idle: list[tuple[aiosmtplib.SMTP, float]] = []  # (client, idle since)
         self._open: set[aiosmtplib.SMTP] = set()
         self._closed = False
@@ -155,7 +157,8 @@ class SmtpMailer:
             try:
                 # One deadline for the whole transaction; timeout=None spares aiosmtplib's
                 # own per-reply timers (four per message), which this one already covers.
-                async with asyncio.timeout(self.timeout):
+                # It is one timer for all sends (deadline.py), not one per message.
+                with self._deadlines.bound():
                     if utf8 and not await self._offers_smtputf8(client):
                         reusable = True  # nothing was sent on this session
                         raise PermanentMailError(

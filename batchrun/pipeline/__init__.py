@@ -8,6 +8,7 @@ lease.py      claims, their heartbeat and the fence (claims that are lost stop t
 work.py       one entity: fence, process, classify, settle by the job's RetryPolicy
 outcomes.py   what an exception from process means (retry, fail, skip)
 road.py       travel: a source's items through a bounded pool of workers
+gctune.py     the garbage collector's threshold, raised while entities travel
 apply.py      each outcome's ledger write and next action; settle_messages
 item.py       what travels: one claimed entity or task, and the message that asked
 dryrun.py     what a run would do, counted from reads only

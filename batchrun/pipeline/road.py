@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 
 from batchrun.pipeline.engine import Progress, Runner, StopToken
+from batchrun.pipeline.gctune import fewer_collections
 from batchrun.pipeline.item import Item
 from batchrun.pipeline.work import EntityWorker
 
@@ -33,7 +34,8 @@ async def travel(
     runner: Runner[Item] = Runner(
         concurrency=concurrency, stop=stop, grace_s=grace_s, on_progress=on_progress
     )
-    result = await runner.run(source, worker.work)
+    with fewer_collections():
+        result = await runner.run(source, worker.work)
     leftover = [*result.not_started, *result.cancelled, *unyielded, *worker.unstarted]
     return [i for i in leftover if not worker.lease.lost(i)]
 
