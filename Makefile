@@ -70,11 +70,18 @@ email-picture: install  ## docs/birthday-email.png, the README's picture of the 
 dashboard-picture: install  ## docs/dashboard.png, the README's picture of `batchrun ui` during a run (needs chromium and chromium-driver)
 	$(BIN)/python docs/dashboard_picture.py
 
-.PHONY: bench bench-quick bench-migrate bench-lean
+.PHONY: bench bench-quick bench-migrate bench-lean bench-tasks
 
-bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling, the lean comparison at 1M, then bench-migrate (MariaDB on 127.0.0.1:3306)
+bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling, the lean comparison at 1M, then bench-migrate and bench-tasks (MariaDB on 127.0.0.1:3306)
 	$(BIN)/python -m bench.run --repeat 3 --json bench/results.json
 	$(MAKE) bench-migrate
+	$(MAKE) bench-tasks
+
+TASKS ?= 20000
+TASK_ENTITIES ?= 2000
+
+bench-tasks: install  ## one worker's no-op tasks per second on the local queue (MariaDB): TASKS over TASK_ENTITIES entities, and each task its own entity
+	$(BIN)/python -m bench.tasks_rate --tasks $(TASKS) --entities $(TASK_ENTITIES) --json bench/results-tasks.json
 
 LEAN_USERS ?= 1000000
 LEAN_REPEAT ?= 1
