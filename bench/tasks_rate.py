@@ -4,7 +4,7 @@ Per variant, a fresh database ``batchrun_bench_tasks`` (``batchrun db migrate``)
 ``--tasks`` no-op tasks (``bench/noop_task.py``) submitted with the client
 (``batchrun.connect().submit``, one at a time, as a web view would: the submit rate),
 round-robin over the entities, so a receive holds different entities; then ONE
-``batchrun worker --jobs bench/noop_task.py --prefetch P --concurrency C --idle-exit 1``
+``batchrun worker --jobs bench/noop_task.py --prefetch 100 --concurrency 50 --idle-exit 1``
 subprocess on the local queue in the same database, until the queue is empty.
 
 Reported: tasks/s (the ledger's first start to its last finish, server clock), the
@@ -200,8 +200,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--entities", type=int, default=2_000, help="for the 'several' variant")
     parser.add_argument("--variants", default="several,distinct")
-    parser.add_argument("--concurrency", type=int, default=20)
-    parser.add_argument("--prefetch", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--prefetch", type=int, default=100)
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--keep-db", action="store_true")
     args = parser.parse_args(argv)
