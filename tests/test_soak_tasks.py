@@ -71,7 +71,7 @@ class Workers:
                 "--concurrency",
                 str(CONCURRENCY),
                 "--prefetch",
-                str(CONCURRENCY),
+                str(2 * CONCURRENCY),  # batches claimed at once, several of an entity
                 "--visibility",
                 "3",
             ],
