@@ -8,7 +8,10 @@ entity's turn yet goes back to the queue with a short delay, kept (no attempt co
 never dead-lettered for waiting). Entities run in parallel up to ``--concurrency``; one
 entity's tasks in a batch follow each other, the next started once the last has its
 outcome. Both leases (the task's, the turn's) are on the database server's clock and
-kept alive by one heartbeat (``TaskClaims``).
+kept alive by one heartbeat (``TaskClaims``). Each entity's first task of a batch is
+claimed with the others' in a few statements (``task_claim.first_wave``), the rest one at
+a time (``TaskRoad._next``); ends alike are recorded in one statement a flush, and an
+entity's turn is let go in the same flush as its last end.
 """
 
 from __future__ import annotations
