@@ -72,8 +72,9 @@ class TaskClaims(Fence):
         return bool(self.running or self.turns)
 
     def held_scopes(self) -> Iterable[Scope]:
-        # A task job is paused as a whole (``batchrun pause JOB``): period ''.
-        return {Scope(job, "", "") for job, _ in self.turns}
+        # A task job is paused as a whole (``batchrun pause JOB``): period ''. One Scope a
+        # job, not one a turn: asked before each task, with up to a batch's turns held.
+        return [Scope(job, "", "") for job in {job for job, _ in self.turns}]
 
     def lost(self, item: Item) -> bool:
         return item.task_id in self._lost
