@@ -168,6 +168,8 @@ async def test_a_batch_claims_with_the_one_task_conditions(store: Any) -> None:
     """The set-wise statements a batch claims with (pipeline/task_claim.py): a live turn or
     task lease is nobody else's, an expired one is taken over, only the oldest unfinished
     task of an entity is its turn, and an end is recorded only under the lease."""
+    import asyncio
+
     from batchrun.db.store import now_ms
     from batchrun.tasks.store import TaskState, TaskStore
 
@@ -187,6 +189,7 @@ async def test_a_batch_claims_with_the_one_task_conditions(store: Any) -> None:
     assert await tasks.start_many([b1], "B", later + 10_000, later) == {b1}
     assert await tasks.finish_many([a1, b1], "A", TaskState.SUCCEEDED) == {a1}  # b1 is B's
     assert await tasks.finish_many([b1], "B", TaskState.SUCCEEDED) == {b1}
+    await asyncio.sleep(0.01)  # a later millisecond: an end of its own (see finish_many)
     assert await tasks.finish_many([a1], "A", TaskState.SUCCEEDED) == set()  # ended already
     assert await tasks.first_unfinished_ids("steps", [1, 2]) == {1: rows["a2"].id}
     for key in ("a1", "b1"):

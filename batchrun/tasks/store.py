@@ -157,7 +157,9 @@ class TaskStore:
         if done >= len(ids):
             return set(ids)
         # Fewer changed than named (a lease lost, or the statement went again after a lost
-        # connection): the ones recorded are those with this very end.
+        # connection): the ones recorded are those with this very end. Another process
+        # ending the same task alike in the same millisecond would pass for this one: its
+        # message is then deleted rather than looked at again, the task final either way.
         rows = await self.db.fetchall("task_finished_at", ids=ids, state=int(state), now=now)
         return {int(r[0]) for r in rows}
 
