@@ -70,11 +70,18 @@ email-picture: install  ## docs/birthday-email.png, the README's picture of the 
 dashboard-picture: install  ## docs/dashboard.png, the README's picture of `batchrun ui` during a run (needs chromium and chromium-driver)
 	$(BIN)/python docs/dashboard_picture.py
 
-.PHONY: bench bench-quick bench-migrate bench-lean
+.PHONY: bench bench-quick bench-migrate bench-lean bench-tasks
 
-bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling, the lean comparison at 1M, then bench-migrate (MariaDB on 127.0.0.1:3306)
+bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling, the lean comparison at 1M, then bench-migrate and bench-tasks (MariaDB on 127.0.0.1:3306)
 	$(BIN)/python -m bench.run --repeat 3 --json bench/results.json
 	$(MAKE) bench-migrate
+	$(MAKE) bench-tasks
+
+TASKS ?= 20000
+TASK_ENTITIES ?= 2000
+
+bench-tasks: install  ## one worker's no-op tasks per second on the local queue (MariaDB): TASKS over TASK_ENTITIES entities, and each task its own entity
+	$(BIN)/python -m bench.tasks_rate --tasks $(TASKS) --entities $(TASK_ENTITIES) --json bench/results-tasks.json
 
 LEAN_USERS ?= 1000000
 LEAN_REPEAT ?= 1
@@ -122,12 +129,20 @@ SOAK_HEARTBEAT_FAIL ?= 0.3
 SOAK_SKEW ?= +5s
 SOAK_SKEW_LEASE_S ?= 4
 SOAK_DROP_CHANCE ?= 0.02
-SOAK_TESTS ?= tests/test_soak.py tests/test_soak_skew.py
+# tests/test_soak_tasks.py: SOAK_TASKS submitted tasks (4 an entity) served by 3 `batchrun
+# worker` processes, one killed with SIGKILL and replaced SOAK_TASK_KILLS times at random
+# moments while tasks run, on MariaDB and PostgreSQL: 0 lost, no two tasks of an entity
+# overlapping, submission order kept, duplicate effects at most kills x --concurrency and
+# printed (its short version, 4 kills over 240 tasks, runs in `make test`).
+SOAK_TASKS ?= 20000
+SOAK_TASK_KILLS ?= 100
+SOAK_TESTS ?= tests/test_soak.py tests/test_soak_skew.py tests/test_soak_tasks.py
 
 .PHONY: soak
-soak: install  ## long fault injection: 100 crash iterations per database (and 100 more with a 3 s lease and 30% of heartbeats failing, and 100 with a skewed clock and lost replies), 1M users with 1% temporary failures (MariaDB)
+soak: install  ## long fault injection: 100 crash iterations per database (and 100 more with a 3 s lease and 30% of heartbeats failing, and 100 with a skewed clock and lost replies; 100 kill -9 of task workers over 20,000 tasks), 1M users with 1% temporary failures (MariaDB)
 	BATCHRUN_SOAK=1 BATCHRUN_SOAK_ITERATIONS=$(SOAK_ITERATIONS) BATCHRUN_SOAK_USERS=$(SOAK_USERS) \
 	BATCHRUN_SOAK_ALL_IN_MONTH=$(SOAK_ALL_IN_MONTH) BATCHRUN_SOAK_LEASE_S=$(SOAK_LEASE_S) \
 	BATCHRUN_SOAK_HEARTBEAT_FAIL=$(SOAK_HEARTBEAT_FAIL) BATCHRUN_SOAK_SKEW=$(SOAK_SKEW) \
 	BATCHRUN_SOAK_SKEW_LEASE_S=$(SOAK_SKEW_LEASE_S) BATCHRUN_SOAK_DROP_CHANCE=$(SOAK_DROP_CHANCE) \
+	BATCHRUN_SOAK_TASKS=$(SOAK_TASKS) BATCHRUN_SOAK_TASK_KILLS=$(SOAK_TASK_KILLS) \
 	$(BIN)/python -m pytest $(SOAK_TESTS) -v -s -rA

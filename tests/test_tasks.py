@@ -162,3 +162,40 @@ def test_four_workers_200_users_3_tasks_each(server: str, request: pytest.Fixtur
         overlaps += sum(1 for a, b in pairwise(runs) if b[3] < a[4])
         assert [r[1] for r in runs] == submitted[uid], f"user {uid} out of submission order"
     assert overlaps == 0
+
+
+async def test_a_batch_claims_with_the_one_task_conditions(store: Any) -> None:
+    """The set-wise statements a batch claims with (pipeline/task_claim.py): a live turn or
+    task lease is nobody else's, an expired one is taken over, only the oldest unfinished
+    task of an entity is its turn, and an end is recorded only under the lease."""
+    import asyncio
+
+    from batchrun.db.store import now_ms
+    from batchrun.tasks.store import TaskState, TaskStore
+
+    tasks = TaskStore(store.db)
+    for entity, key in ((1, "a1"), (1, "a2"), (2, "b1")):
+        assert await tasks.submit("steps", entity, key, "{}")
+    rows = await tasks.get_many("steps", ["a1", "a2", "b1", "nope"])
+    assert sorted(rows) == ["a1", "a2", "b1"] and rows["a2"].entity_id == 1
+    a1, b1 = rows["a1"].id, rows["b1"].id
+    now = now_ms()
+    assert await tasks.take_turns("steps", [1, 2], "A", now + 10_000, now) == {1, 2}
+    assert await tasks.take_turns("steps", [1, 2], "B", now + 10_000, now) == set()  # live
+    assert await tasks.first_unfinished_ids("steps", [1, 2]) == {1: a1, 2: b1}
+    assert await tasks.start_many([a1, b1], "A", now + 10_000, now) == {a1, b1}
+    assert await tasks.start_many([a1, b1], "B", now + 10_000, now) == set()  # A's leases live
+    later = now + 20_000  # A's leases have ended: B takes b1 over
+    assert await tasks.start_many([b1], "B", later + 10_000, later) == {b1}
+    assert await tasks.finish_many([a1, b1], "A", TaskState.SUCCEEDED) == {a1}  # b1 is B's
+    assert await tasks.finish_many([b1], "B", TaskState.SUCCEEDED) == {b1}
+    await asyncio.sleep(0.01)  # a later millisecond: an end of its own (see finish_many)
+    assert await tasks.finish_many([a1], "A", TaskState.SUCCEEDED) == set()  # ended already
+    assert await tasks.first_unfinished_ids("steps", [1, 2]) == {1: rows["a2"].id}
+    for key in ("a1", "b1"):
+        row = await tasks.get("steps", key)
+        assert row is not None and (row.state, row.attempts) == (TaskState.SUCCEEDED, 1)
+    await tasks.release_turns("steps", [1, 2], "B")  # not B's: nothing changes
+    assert await tasks.take_turns("steps", [1], "B", now + 10_000, now) == set()
+    await tasks.release_turns("steps", [1, 2], "A")
+    assert await tasks.take_turns("steps", [1, 2], "B", now + 10_000, now) == {1, 2}

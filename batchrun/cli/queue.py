@@ -48,7 +48,13 @@ def worker(
     prefetch: Annotated[
         int,
         typer.Option(
-            "--prefetch", min=1, max=10, help="Messages taken per receive (shards are big)."
+            "--prefetch",
+            min=1,
+            max=1000,
+            help="Messages taken per receive and worked as one batch (SQS gives at most 10 a "
+            "receive). Keep 1 where shards are consumed (each is big, and a batch's are run "
+            "one after another); 50-100 on the local queue for submitted tasks (a batch's "
+            "first tasks are claimed in a few statements whatever its size).",
         ),
     ] = 1,
     visibility: Annotated[

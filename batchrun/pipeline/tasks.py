@@ -8,7 +8,10 @@ entity's turn yet goes back to the queue with a short delay, kept (no attempt co
 never dead-lettered for waiting). Entities run in parallel up to ``--concurrency``; one
 entity's tasks in a batch follow each other, the next started once the last has its
 outcome. Both leases (the task's, the turn's) are on the database server's clock and
-kept alive by one heartbeat (``TaskClaims``).
+kept alive by one heartbeat (``TaskClaims``). Each entity's first task of a batch is
+claimed with the others' in a few statements (``task_claim.first_wave``), the rest one at
+a time (``TaskRoad._next``); ends alike are recorded in one statement a flush, and an
+entity's turn is let go in the same flush as its last end.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from batchrun.pipeline.lease import Fence
 from batchrun.pipeline.outcomes import Outcome
 from batchrun.pipeline.road import travel
 from batchrun.pipeline.run import Options
+from batchrun.pipeline.task_claim import first_wave
 from batchrun.pipeline.wiring import Wiring
 from batchrun.pipeline.work import EntityWorker
 from batchrun.policy.bugs import BugStreak
@@ -68,8 +72,9 @@ class TaskClaims(Fence):
         return bool(self.running or self.turns)
 
     def held_scopes(self) -> Iterable[Scope]:
-        # A task job is paused as a whole (``batchrun pause JOB``): period ''.
-        return {Scope(job, "", "") for job, _ in self.turns}
+        # A task job is paused as a whole (``batchrun pause JOB``): period ''. One Scope a
+        # job, not one a turn: asked before each task, with up to a batch's turns held.
+        return [Scope(job, "", "") for job in {job for job, _ in self.turns}]
 
     def lost(self, item: Item) -> bool:
         return item.task_id in self._lost
@@ -146,6 +151,8 @@ class TaskRoad:
             ) as claims:
 
                 async def write(batch: Sequence[tuple[Item, Outcome]]) -> None:
+                    alike: dict[TaskState, list[Item]] = {}  # ended without a message
+                    lost: list[Item] = []
                     for item, outcome in batch:
                         assert item.task_id is not None
                         claims.running.pop(item.task_id, None)
@@ -153,14 +160,27 @@ class TaskRoad:
                             await self.store.release(item.task_id, claims.me)
                             continue
                         state = _task_state(outcome)
-                        if not await self.store.finish(
+                        if outcome.reason is None:
+                            alike.setdefault(state, []).append(item)
+                        elif not await self.store.finish(
                             item.task_id, claims.me, state, outcome.reason
                         ):
-                            log.warning(
-                                "%s task %s: lease lost, its end not recorded", job.name, item.key
-                            )
-                            assert item.message is not None
-                            lost_finish.add(item.message.message_id)
+                            lost.append(item)
+                    for state, items in alike.items():
+                        ids = [i.task_id for i in items if i.task_id is not None]
+                        done = await self.store.finish_many(ids, claims.me, state)
+                        lost.extend(i for i in items if i.task_id not in done)
+                    # An entity with no message left in the batch lets its turn go now.
+                    free = {i.id for i, _ in batch if not groups.get(i.id)}
+                    free &= {e for j, e in claims.turns if j == job.name}
+                    claims.turns.difference_update((job.name, e) for e in free)
+                    await self.store.release_turns(job.name, sorted(free), claims.me)
+                    for item in lost:
+                        log.warning(
+                            "%s task %s: lease lost, its end not recorded", job.name, item.key
+                        )
+                        assert item.message is not None
+                        lost_finish.add(item.message.message_id)
 
                 applier = Applier(write)
                 limiter = await self.w.effects.limiter(options.rate)
@@ -205,9 +225,9 @@ class TaskRoad:
                     found[item.message.message_id] = _wait(0.0)
                 for received, _ in (e for g in groups.values() for e in g):
                     found.setdefault(received.message_id, _wait())  # never started: stopped
-                for item_job, entity in list(claims.turns):
-                    await self.store.release_turn(item_job, entity, claims.me)
+                held = sorted(entity for _, entity in claims.turns)
                 claims.turns.clear()
+                await self.store.release_turns(job.name, held, claims.me)
         finally:
             stop.detach()
         found.update(applier.dispositions)
@@ -233,10 +253,27 @@ class TaskRoad:
         finished: asyncio.Queue[int],
         stop: StopToken,
     ) -> AsyncIterator[Item]:
-        """Each entity's next task, once its last one has its outcome."""
+        """Each entity's next task, once its last one has its outcome; the first ones of
+        the batch claimed at once (``first_wave``)."""
         active = 0
+        claims.young()
+        wave = await first_wave(
+            self.store,
+            job,
+            groups,
+            me=claims.me,
+            lease_ms=claims.lease_ms,
+            turns=claims.turns,
+            running=claims.running,
+            found=found,
+            wait=_wait_turn,
+            item=_item,
+        )
         for entity in list(groups):
-            item = await self._next(job, entity, groups, claims, found)
+            if entity in wave:
+                item = wave[entity]
+            else:
+                item = await self._next(job, entity, groups, claims, found)
             if item is not None:
                 active += 1
                 yield item

@@ -111,6 +111,62 @@ class TaskStore:
     async def release_turn(self, job: str, entity_id: int, me: str) -> None:
         await self.db.execute("turn_release", job=job, entity_id=entity_id, me=me)
 
+    # -- a batch at once (pipeline/task_claim.py) -----------------------------------------
+
+    async def get_many(self, job: str, keys: list[str]) -> dict[str, TaskRow]:
+        """The tasks of ``keys`` that exist, by key."""
+        rows = await self.db.fetchall("task_get_many", job=job, keys=keys) if keys else []
+        return {
+            str(r[5]): TaskRow(
+                int(r[0]), int(r[1]), json.loads(r[2]), TaskState(int(r[3])), int(r[4])
+            )
+            for r in rows
+        }
+
+    async def take_turns(
+        self, job: str, entities: list[int], me: str, until: int, now: int
+    ) -> set[int]:
+        """Hold the turns of ``entities`` that no other live process holds; those held."""
+        if not entities:
+            return set()
+        params = {"job": job, "ids": entities, "me": me}
+        await self.db.execute("turn_take_many", **params, until=until, now=now)
+        return {int(r[0]) for r in await self.db.fetchall("turn_mine", **params)}
+
+    async def first_unfinished_ids(self, job: str, entities: list[int]) -> dict[int, int]:
+        """Each entity's oldest unfinished task's id, by entity."""
+        if not entities:
+            return {}
+        rows = await self.db.fetchall("task_first_unfinished_many", job=job, ids=entities)
+        return {int(r[0]): int(r[1]) for r in rows}
+
+    async def start_many(self, ids: list[int], me: str, until: int, now: int) -> set[int]:
+        """Mark the tasks running, leased to ``me``; those this process now runs."""
+        if not ids:
+            return set()
+        await self.db.execute("task_start_many", ids=ids, me=me, until=until, now=now)
+        return {int(r[0]) for r in await self.db.fetchall("task_mine", ids=ids, me=me)}
+
+    async def finish_many(self, ids: list[int], me: str, state: TaskState) -> set[int]:
+        """``finish`` without an error for each of ``ids``; the ids whose end was recorded
+        (the others' lease was lost)."""
+        if not ids:
+            return set()
+        now = now_ms()
+        done = await self.db.execute("task_finish_many", ids=ids, me=me, state=int(state), now=now)
+        if done >= len(ids):
+            return set(ids)
+        # Fewer changed than named (a lease lost, or the statement went again after a lost
+        # connection): the ones recorded are those with this very end. Another process
+        # ending the same task alike in the same millisecond would pass for this one: its
+        # message is then deleted rather than looked at again, the task final either way.
+        rows = await self.db.fetchall("task_finished_at", ids=ids, state=int(state), now=now)
+        return {int(r[0]) for r in rows}
+
+    async def release_turns(self, job: str, entities: list[int], me: str) -> None:
+        if entities:
+            await self.db.execute("turn_release_many", job=job, ids=entities, me=me)
+
     async def counts(self, job: str) -> dict[str, Any]:
         """``status TASKJOB``: tasks per state now, and how long the oldest has waited."""
         counts: dict[str, Any] = {state.name.lower(): 0 for state in TaskState}

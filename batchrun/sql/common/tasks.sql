@@ -50,3 +50,49 @@ WHERE job = :job AND entity_id = :entity_id AND owner = :me;
 -- For `status TASKJOB`: tasks per state, and the oldest pending one's submission time.
 SELECT state, COUNT(*), MIN(created_at) FROM batchrun_entity_task
 WHERE job = :job GROUP BY state;
+
+-- A batch of messages claims its entities' first tasks in a few statements, whatever
+-- its size (pipeline/task_claim.py): the same conditions as the one-task statements.
+
+-- name: task_get_many
+SELECT id, entity_id, data, state, attempts, task_key
+FROM batchrun_entity_task WHERE job = :job AND task_key IN :keys*;
+
+-- name: turn_take_many
+UPDATE batchrun_entity_turn SET owner = :me, lease_until = :until
+WHERE job = :job AND entity_id IN :ids*
+  AND (owner IS NULL OR owner = :me OR lease_until < :now);
+
+-- name: turn_mine
+SELECT entity_id FROM batchrun_entity_turn
+WHERE job = :job AND entity_id IN :ids* AND owner = :me;
+
+-- name: task_first_unfinished_many
+-- Each entity's oldest task not finished (its id): the only one whose turn it can be.
+SELECT entity_id, MIN(id) FROM batchrun_entity_task
+WHERE job = :job AND entity_id IN :ids* AND state IN (0, 1, 3)
+GROUP BY entity_id;
+
+-- name: task_start_many
+UPDATE batchrun_entity_task
+SET state = 1, owner = :me, lease_until = :until, started_at = :now
+WHERE id IN :ids* AND (state IN (0, 3) OR (state = 1 AND lease_until < :now));
+
+-- name: task_mine
+SELECT id FROM batchrun_entity_task WHERE id IN :ids* AND owner = :me AND state = 1;
+
+-- name: task_finish_many
+-- task_finish for tasks that ended alike without an error message.
+UPDATE batchrun_entity_task
+SET state = :state, attempts = attempts + 1, owner = NULL, lease_until = NULL,
+  last_error = NULL, finished_at = :now
+WHERE id IN :ids* AND owner = :me AND state = 1;
+
+-- name: task_finished_at
+-- After task_finish_many changed fewer rows than it named: the ones it did finish.
+SELECT id FROM batchrun_entity_task
+WHERE id IN :ids* AND state = :state AND finished_at = :now AND owner IS NULL;
+
+-- name: turn_release_many
+UPDATE batchrun_entity_turn SET owner = NULL, lease_until = 0
+WHERE job = :job AND entity_id IN :ids* AND owner = :me;

@@ -1,0 +1,80 @@
+"""A batch's first tasks claimed at once: each entity's first message of the batch, in a
+fixed number of statements whatever the batch's size (``TaskRoad`` runs the rest of an
+entity's messages one at a time, ``TaskRoad._next``).
+
+The conditions are those of the one-task path, each a set-wise statement: the task rows
+(one read), the entities' turns (one update, one read of those now held), each entity's
+oldest unfinished task (one read: only that one may start), the starts (one update, one
+read of those now leased to this process). A message whose task is missing or finished is
+left to the one-task path (poison, or deleted); one whose entity is another process's turn,
+or not its turn yet, or whose task another live process runs, waits with the rest of its
+entity's messages (no attempt counted), its entity's turn let go.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from batchrun.pipeline.apply import Disposition
+from batchrun.pipeline.item import Item
+from batchrun.queue.base import QueueMessage, Received
+from batchrun.task import Task
+from batchrun.tasks.store import TaskRow, TaskStore
+
+Entry = tuple[Received, QueueMessage]
+Holder = tuple[str, int]
+
+
+async def first_wave(
+    store: TaskStore,
+    job: Task,
+    groups: dict[int, deque[Entry]],
+    *,
+    me: str,
+    lease_ms: int,
+    turns: set[Holder],
+    running: dict[int, Holder],
+    found: dict[str, Disposition],
+    wait: Callable[[int], Disposition],
+    item: Callable[[Task, TaskRow, Received, QueueMessage], Item],
+) -> dict[int, Item | None]:
+    """Start each entity's first task of the batch; by entity, its started item, or None
+    when its messages all wait (each with its disposition in ``found``). An entity left out
+    is for the one-task path. ``turns`` and ``running`` are the claims' (updated)."""
+    firsts = {entity: group[0] for entity, group in groups.items() if group}
+    rows = await store.get_many(job.name, sorted({m.key for _, m in firsts.values()}))
+    ready: dict[int, TaskRow] = {}
+    for entity, (_, message) in firsts.items():
+        row = rows.get(message.key)
+        if row is not None and row.entity_id == message.entity_id and not row.state.final:
+            ready[entity] = row
+    if not ready:
+        return {}
+    now = await store.db.clock_ms()
+    until = now + lease_ms
+    candidates = dict(ready)
+    if job.serial == "entity":
+        taken = await store.take_turns(job.name, sorted(ready), me, until, now)
+        turns.update((job.name, entity) for entity in taken)
+        oldest = await store.first_unfinished_ids(job.name, sorted(taken))
+        candidates = {e: r for e, r in ready.items() if e in taken and oldest.get(e) == r.id}
+    started = await store.start_many(sorted(r.id for r in candidates.values()), me, until, now)
+    wave: dict[int, Item | None] = {}
+    let_go: list[int] = []
+    for entity, row in ready.items():
+        group = groups[entity]
+        if row.id in started:
+            received, message = group.popleft()
+            running[row.id] = (job.name, entity)
+            wave[entity] = item(job, row, received, message)
+            continue
+        for received, _ in group:  # not its turn, or another process runs it: all wait
+            found.setdefault(received.message_id, wait(received.receive_count))
+        group.clear()
+        wave[entity] = None
+        if (job.name, entity) in turns:
+            turns.discard((job.name, entity))
+            let_go.append(entity)
+    await store.release_turns(job.name, sorted(let_go), me)
+    return wave
