@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import psycopg
 import pymysql
 import pytest
-from smtp_server import SmtpTestServer
+from support.smtp_server import SmtpTestServer
 
 from batchrun.db import Store, connect
 from batchrun.db.sqlite import sqlite_path

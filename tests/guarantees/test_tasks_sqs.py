@@ -1,0 +1,85 @@
+"""Tasks on SQS FIFO (moto): 4 workers, every task once, one user's never overlapping and
+in submission order (each user its own MessageGroupId)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from itertools import pairwise
+from typing import Any
+
+import boto3
+import pytest
+from conftest import query
+from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from test_tasks import JOBS, _workers, effects, setup
+
+import batchrun
+
+
+@pytest.fixture(scope="module")
+def moto() -> Iterator[MotoServer]:
+    with MotoServer() as server:
+        yield server
+
+
+def fifo_queue(env: dict[str, str]) -> str:
+    sqs = boto3.client(
+        "sqs",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    fifo = {"FifoQueue": "true"}
+    dlq = sqs.create_queue(QueueName="tasks-dlq.fifo", Attributes=fifo)["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]
+    policy = json.dumps({"deadLetterTargetArn": arn["QueueArn"], "maxReceiveCount": 5})
+    attributes = {**fifo, "RedrivePolicy": policy}
+    return str(sqs.create_queue(QueueName="tasks.fifo", Attributes=attributes)["QueueUrl"])
+
+
+def test_four_workers_on_sqs_fifo(moto: MotoServer, mysql_url: str) -> None:
+    moto.reset()
+    url = fifo_queue(moto.env)
+    env = {**setup(mysql_url), **moto.env, "BATCHRUN_RETRY_QUEUE": url}
+    submitted: dict[int, list[str]] = defaultdict(list)
+    with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto.env) as client:
+        for seq in range(3):
+            for uid in range(1, 51):
+                submitted[uid].append(client.submit("steps", uid, data={"seq": seq}))
+    for worker in _workers(env, 4):
+        _, err = worker.communicate(timeout=600)
+        assert worker.returncode == 0, err[-2000:]
+    rows = effects(mysql_url)
+    assert len(rows) == 150 and len({r[1] for r in rows}) == 150  # each task once
+    done = query(mysql_url, "SELECT COUNT(*) FROM batchrun_entity_task WHERE state = 2")
+    assert done[0][0] == 150
+    per_user: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    for row in rows:
+        per_user[int(row[0])].append(row)
+    for uid, runs in per_user.items():
+        runs.sort(key=lambda r: r[3])
+        assert all(b[3] >= a[4] for a, b in pairwise(runs)), f"user {uid}: tasks overlapped"
+        assert [r[1] for r in runs] == submitted[uid], f"user {uid} out of submission order"
+
+
+def test_the_sqs_triggered_lambda_serves_tasks(moto: MotoServer, mysql_url: str) -> None:
+    from test_lambda import drain_as_sqs_events
+
+    moto.reset()
+    url, _ = make_queue_with_dlq(moto, visibility_s=30)
+    env = {**setup(mysql_url), **moto.env, "BATCHRUN_RETRY_QUEUE": url, "BATCHRUN_LEASE_S": "5"}
+    submitted: dict[int, list[str]] = defaultdict(list)
+    with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto.env) as client:
+        for seq in range(3):
+            for uid in range(1, 21):
+                submitted[uid].append(client.submit("steps", uid, data={"seq": seq}))
+    drain_as_sqs_events(aws_client(moto), url, env, seconds=60)
+    rows = effects(mysql_url)
+    assert len(rows) == 60 and len({r[1] for r in rows}) == 60  # each task once
+    for uid in submitted:
+        runs = sorted((r for r in rows if r[0] == uid), key=lambda r: r[3])
+        assert [r[1] for r in runs] == submitted[uid]  # in order, even on a standard queue
+        assert all(b[3] >= a[4] for a, b in pairwise(runs))
