@@ -12,6 +12,7 @@ PostgreSQL: the same, with the server named by BATCHRUN_TEST_POSTGRES_URL (defau
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import signal
@@ -28,6 +29,8 @@ from urllib.parse import urlsplit
 import psycopg
 import pymysql
 import pytest
+from support.aws_server import MotoServer
+from support.http_server import GrantsTestServer
 from support.smtp_server import SmtpTestServer
 
 from batchrun.db import Store, connect
@@ -176,6 +179,42 @@ def smtp_server_session() -> Iterator[SmtpTestServer]:
 def smtp_server(smtp_server_session: SmtpTestServer) -> SmtpTestServer:
     smtp_server_session.reset()
     return smtp_server_session
+
+
+@pytest.fixture(scope="module")
+def moto_server() -> Iterator[MotoServer]:
+    """moto's SQS/SES/SNS server, one per test module (tests call ``reset()`` first)."""
+    # moto's server runs in this process: its request log would reach the CLI's handler
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture
+def aws_env(moto_server: MotoServer) -> dict[str, str]:
+    """The environment of a client of the (reset) moto server."""
+    moto_server.reset()
+    return moto_server.env
+
+
+@pytest.fixture(scope="session")
+def grants_server_session() -> Iterator[GrantsTestServer]:
+    with GrantsTestServer() as server:
+        yield server
+
+
+@pytest.fixture
+def grants(grants_server_session: GrantsTestServer) -> GrantsTestServer:
+    """The grants API double (examples/credits' HTTP API), reset."""
+    grants_server_session.reset()
+    return grants_server_session
+
+
+@pytest.fixture(params=["mysql", "postgresql"])
+def server_url(request: pytest.FixtureRequest) -> str:
+    """A fresh database on a real server: MariaDB, then PostgreSQL."""
+    fixture = "postgres_url" if request.param == "postgresql" else "mysql_url"
+    return str(request.getfixturevalue(fixture))
 
 
 @pytest.fixture

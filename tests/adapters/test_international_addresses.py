@@ -199,12 +199,6 @@ async def test_the_file_outbox_writes_a_utf8_local_part_as_rfc_6532(tmp_path: Pa
 # -- SES --------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
-
-
 @pytest.fixture
 async def ses(moto_server: MotoServer) -> AsyncIterator[SesMailer]:
     moto_server.reset()

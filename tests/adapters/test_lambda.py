@@ -7,7 +7,6 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -15,6 +14,7 @@ import pytest
 from conftest import card_counts, eligible_ids, query, seed_users
 from support import EVENTS
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from support.lambda_context import FakeContext, drain_as_sqs_events
 from support.smtp_server import SmtpTestServer
 
 from batchrun import aws_lambda
@@ -29,23 +29,6 @@ def load_event(name: str, **replace: object) -> dict[str, Any]:
     for key, value in replace.items():
         text = text.replace(key, str(value))
     return dict(json.loads(text))
-
-
-class FakeContext:
-    """A LambdaContext whose deadline is real time from now."""
-
-    def __init__(self, seconds: float, request_id: str = "req-1") -> None:
-        self.deadline = time.monotonic() + seconds
-        self.aws_request_id = request_id
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self.deadline - time.monotonic()) * 1000))
-
-
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
 
 
 @pytest.fixture
@@ -90,57 +73,6 @@ def prepare(db_url: str, users: int, seed: int) -> set[int]:
     asyncio.run(go())
     emails = dict(query(db_url, "SELECT id, email FROM user WHERE birth_month = 6"))
     return {uid for uid in eligible_ids(db_url, 6) if valid_address(emails[uid])}
-
-
-def drain_as_sqs_events(
-    sqs: Any, queue_url: str, environ: dict[str, str], seconds: float
-) -> list[dict[str, Any]]:
-    """Feed the queue to the handler as the event source mapping would, until it is empty."""
-    results = []
-    for _ in range(200):  # returns once the queue is empty; room for a slow, loaded machine
-        got = sqs.receive_message(
-            QueueUrl=queue_url,
-            MaxNumberOfMessages=10,
-            WaitTimeSeconds=0,
-            MessageSystemAttributeNames=["ApproximateReceiveCount"],
-        ).get("Messages", [])
-        if not got:
-            attrs = sqs.get_queue_attributes(
-                QueueUrl=queue_url,
-                AttributeNames=[
-                    "ApproximateNumberOfMessages",
-                    "ApproximateNumberOfMessagesNotVisible",
-                ],
-            )["Attributes"]
-            if not any(int(v) for v in attrs.values()):
-                return results
-            time.sleep(0.2)
-            continue
-        event = {
-            "Records": [
-                {
-                    "messageId": m["MessageId"],
-                    "receiptHandle": m["ReceiptHandle"],
-                    "body": m["Body"],
-                    "attributes": m.get("Attributes", {}),
-                    "eventSource": "aws:sqs",
-                }
-                for m in got
-            ]
-        }
-        started = time.monotonic()
-        result = aws_lambda.handle(event, FakeContext(seconds), environ=environ)
-        assert time.monotonic() - started < seconds, "returned after its deadline"
-        results.append(result)
-        failed = {f["itemIdentifier"] for f in result["batchItemFailures"]}
-        for m in got:
-            if m["MessageId"] not in failed:  # what the event source mapping deletes
-                sqs.delete_message(QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"])
-            else:
-                sqs.change_message_visibility(
-                    QueueUrl=queue_url, ReceiptHandle=m["ReceiptHandle"], VisibilityTimeout=0
-                )
-    raise AssertionError("the queue never drained")
 
 
 def test_scheduled_event_completes_the_month(

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -437,12 +437,6 @@ def test_zip_alone_runs_an_on_demand_dry_run(lambda_root: Path, tmp_path: Path) 
     assert result["eligible"] > 0
     assert result["eligible"] == dry_run_eligible(url, event["month"])
     assert result["cards_created"] == result["emails_sent"] == 0
-
-
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aioboto3
@@ -35,36 +35,30 @@ ACCESS_KEY = "AKIASESTESTKEY0000001"
 SECRET = "ses-test-SECRET-wJalrXUtnFEMI-K7MDENG"
 
 
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
+@pytest.fixture
+def ses_env(aws_env: dict[str, str]) -> dict[str, str]:
+    """The shared AWS environment with this module's credentials."""
+    return {**aws_env, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET}
 
 
 @pytest.fixture
-def aws_env(moto_server: MotoServer) -> dict[str, str]:
-    moto_server.reset()
-    return {**moto_server.env, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET}
-
-
-@pytest.fixture
-async def verified(aws_env: dict[str, str]) -> str:
+async def verified(ses_env: dict[str, str]) -> str:
     """Verify SENDER in moto (sesv2 CreateEmailIdentity), as SES requires before sending."""
     session = aioboto3.Session(
         aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET, region_name="us-east-1"
     )
-    async with session.client("sesv2", endpoint_url=aws_env["AWS_ENDPOINT_URL"]) as client:
+    async with session.client("sesv2", endpoint_url=ses_env["AWS_ENDPOINT_URL"]) as client:
         await client.create_email_identity(EmailIdentity=SENDER)
     return SENDER
 
 
 @pytest.fixture
-async def make_mailer(aws_env: dict[str, str]) -> AsyncIterator[Callable[..., SesMailer]]:
+async def make_mailer(ses_env: dict[str, str]) -> AsyncIterator[Callable[..., SesMailer]]:
     """Factory of SesMailers on moto, closed at teardown."""
     mailers: list[SesMailer] = []
 
     def make(**overrides: Any) -> SesMailer:
-        overrides.setdefault("env", aws_env)
+        overrides.setdefault("env", ses_env)
         overrides.setdefault("timeout", 5.0)
         mailer = SesMailer(overrides.pop("region", "us-east-1"), **overrides)
         mailers.append(mailer)
@@ -126,7 +120,7 @@ async def test_a_message_is_accepted_and_moto_holds_the_same_bytes(
 
 
 async def test_an_unverified_sender_stops_the_run_rather_than_failing_the_user(
-    aws_env: dict[str, str], make_mailer: Callable[..., SesMailer]
+    ses_env: dict[str, str], make_mailer: Callable[..., SesMailer]
 ) -> None:
     # moto, like SES, refuses a sender identity that was never verified (MessageRejected
     # naming the sender): every message would fail alike, so it is connection-level.
@@ -296,14 +290,14 @@ async def test_a_closed_mailer_refuses_to_send(
 
 
 async def test_max_send_rate_falls_back_to_ses_v1_on_moto(
-    aws_env: dict[str, str], make_mailer: Callable[..., SesMailer]
+    ses_env: dict[str, str], make_mailer: Callable[..., SesMailer]
 ) -> None:
     # moto has no sesv2 GetAccount (404); its ses GetSendQuota says 1 message/s.
     assert await make_mailer().max_send_rate() == 1.0
 
 
 async def test_max_send_rate_reads_sesv2_get_account(
-    aws_env: dict[str, str], make_mailer: Callable[..., SesMailer]
+    ses_env: dict[str, str], make_mailer: Callable[..., SesMailer]
 ) -> None:
     mailer = make_mailer()
     await mailer.open()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ import pytest
 from conftest import query, run_cli, seed_users
 from support import EVENTS
 from support.aws_server import HOST, MotoServer, aws_client, make_queue_with_dlq
+from support.lambda_context import FakeContext
 from support.periods import month
 
 from batchrun import aws_lambda
@@ -42,18 +43,6 @@ def sample(name: str, *, address: str = "nobody@example.com", entity: int = 0) -
         .replace("ENTITY", str(entity))
         .replace("SESID", f"SESID{entity}")
     )
-
-
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
-
-
-@pytest.fixture
-def aws_env(moto_server: MotoServer) -> dict[str, str]:
-    moto_server.reset()
-    return moto_server.env
 
 
 def mailed(db_url: str) -> list[tuple[int, str]]:
@@ -246,13 +235,6 @@ def test_cli_events_drains_the_queue_and_status_counts(
 # -- the SQS-triggered Lambda ---------------------------------------------------------------
 
 
-class FakeContext:
-    aws_request_id = "req-events"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 60_000
-
-
 async def test_the_lambda_applies_ses_records_and_fails_only_the_poison(
     sqlite_url: str, make_job: Callable[..., Any], tmp_path: Path
 ) -> None:
@@ -286,7 +268,9 @@ async def test_the_lambda_applies_ses_records_and_fails_only_the_poison(
         "batchrun-ses-events",
     }
     # The handler runs its own event loop, as in Lambda: off this test's loop.
-    result = await asyncio.to_thread(aws_lambda.handle, event, FakeContext(), environ=environ)
+    result = await asyncio.to_thread(
+        aws_lambda.handle, event, FakeContext(60, "req-events"), environ=environ
+    )
     assert result == {"batchItemFailures": [{"itemIdentifier": "m3"}, {"itemIdentifier": "m4"}]}
     rows = dict(query(sqlite_url, "SELECT address, reason FROM batchrun_suppression"))
     assert rows == {address_key(a_mail): "bounce", address_key(b_mail): "complaint"}

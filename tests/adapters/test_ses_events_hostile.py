@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import query, run_cli, seed_users
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from support.lambda_context import FakeContext
 from support.periods import month
-from test_ses_events import FakeContext, mailed, mailed_run, sample
+from test_ses_events import mailed, mailed_run, sample
 
 from batchrun import aws_lambda
 from batchrun.db import Store, connect
@@ -46,18 +47,6 @@ def crafted() -> list[str]:
         sample("sns_event_permanent_bounce", address="jo@" + "İ" * 200 + ".example", entity=9),
         "{not json",
     ]
-
-
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
-
-
-@pytest.fixture
-def aws_env(moto_server: MotoServer) -> dict[str, str]:
-    moto_server.reset()
-    return moto_server.env
 
 
 async def test_crafted_records_are_dead_lettered_alone_and_the_genuine_bounces_apply(
@@ -131,7 +120,7 @@ async def test_the_lambda_reports_each_crafted_record_alone_and_applies_the_rest
         "BATCHRUN_EVENTS_TOPIC": TOPIC,
     }
     result = await asyncio.to_thread(
-        aws_lambda.handle, {"Records": records}, FakeContext(), environ=environ
+        aws_lambda.handle, {"Records": records}, FakeContext(60, "req-events"), environ=environ
     )
 
     failed = {f["itemIdentifier"] for f in result["batchItemFailures"]}

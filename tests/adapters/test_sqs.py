@@ -7,7 +7,7 @@ import logging
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,18 +29,6 @@ UNITS: dict[str, Unit] = {"birthday": "month"}  # jobs a consumer parses bodies 
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-bPxRfiCY-SECRET"
 ACCESS_KEY = "AKIASECRETACCESSKEY01"
-
-
-@pytest.fixture(scope="session")
-def moto_server() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
-
-
-@pytest.fixture
-def aws_env(moto_server: MotoServer) -> dict[str, str]:
-    moto_server.reset()
-    return moto_server.env
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import pytest
 from click.testing import Result
 from conftest import card_counts, eligible_ids, query, seed_users, status_of, table_digest
 from support import EVENTS
+from support.lambda_context import FakeContext
 from support.periods import month
 from support.smtp_server import SmtpTestServer, fail_recipients
 from typer.testing import CliRunner
@@ -474,13 +475,6 @@ def load_event(name: str, **replace: str) -> dict[str, Any]:
     return dict(json.loads(text))
 
 
-class FakeContext:
-    aws_request_id = "req-http"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 30_000
-
-
 @pytest.fixture
 def migrated(sqlite_url: str) -> str:
     async def go() -> None:
@@ -506,13 +500,17 @@ def test_a_one_click_post_suppresses_the_address_and_answers_200(
 ) -> None:
     environ = {"BATCHRUN_DB": migrated, **ENV}
     token = Signer(SECRET).token("birthday", "dana@Example.com")
-    response = aws_lambda.handle(load_event(event, TOKEN=token), FakeContext(), environ=environ)
+    response = aws_lambda.handle(
+        load_event(event, TOKEN=token), FakeContext(30, "req-http"), environ=environ
+    )
     assert response["statusCode"] == 200, response
     assert response["headers"]["Content-Type"] == "text/html; charset=utf-8"
     assert response["headers"]["Cache-Control"] == "no-store"
     assert response["isBase64Encoded"] is False
     assert suppression_rows(migrated) == [("dana@example.com", "unsubscribe", "birthday")]
-    again = aws_lambda.handle(load_event(event, TOKEN=token), FakeContext(), environ=environ)
+    again = aws_lambda.handle(
+        load_event(event, TOKEN=token), FakeContext(30, "req-http"), environ=environ
+    )
     assert again["statusCode"] == 200, "a second click is fine"
     assert len(suppression_rows(migrated)) == 1
     logged = capsys.readouterr().out
@@ -525,7 +523,7 @@ def test_a_get_shows_a_confirm_button_and_touches_nothing(migrated: str, tmp_pat
     # Not even the database's file is needed: a GET only checks the token.
     environ = {"BATCHRUN_DB": f"sqlite:///{tmp_path / 'nowhere' / 'none.db'}", **ENV}
     event = load_event("unsubscribe_browser_get.json", TOKEN=token)
-    response = aws_lambda.handle(event, FakeContext(), environ=environ)
+    response = aws_lambda.handle(event, FakeContext(30, "req-http"), environ=environ)
     assert response["statusCode"] == 200, response
     body = response["body"]
     assert '<form method="post">' in body and "<button" in body
@@ -549,7 +547,7 @@ def test_a_bad_token_gets_400_and_says_nothing_about_the_address(
     for token in (f"{payload}.{mac[:-1]}", foreign, payload, f"{payload}.{'A' * 43}", ""):
         path_token = token or "x"
         response = aws_lambda.handle(
-            load_event(event, TOKEN=path_token), FakeContext(), environ=environ
+            load_event(event, TOKEN=path_token), FakeContext(30, "req-http"), environ=environ
         )
         assert response["statusCode"] == 400, (token, response)
         assert "frank" not in response["body"] and "example.com" not in response["body"]
@@ -562,15 +560,21 @@ def test_other_methods_and_an_unreachable_database(migrated: str, tmp_path: Path
     token = Signer(SECRET).token("birthday", "gil@example.com")
     event = load_event("unsubscribe_one_click_post.json", TOKEN=token)
     event["requestContext"]["http"]["method"] = "DELETE"
-    response = aws_lambda.handle(event, FakeContext(), environ={"BATCHRUN_DB": migrated, **ENV})
+    response = aws_lambda.handle(
+        event, FakeContext(30, "req-http"), environ={"BATCHRUN_DB": migrated, **ENV}
+    )
     assert response["statusCode"] == 405 and response["headers"]["Allow"] == "GET, POST"
 
     unmigrated = f"sqlite:///{tmp_path / 'empty.db'}"
     query(unmigrated, "CREATE TABLE t (x INTEGER)")
     post = load_event("unsubscribe_one_click_post.json", TOKEN=token)
-    response = aws_lambda.handle(post, FakeContext(), environ={"BATCHRUN_DB": unmigrated, **ENV})
+    response = aws_lambda.handle(
+        post, FakeContext(30, "req-http"), environ={"BATCHRUN_DB": unmigrated, **ENV}
+    )
     assert response["statusCode"] == 503, "the sender may try again; never a false 200"
     assert "gil" not in response["body"]
 
-    response = aws_lambda.handle(post, FakeContext(), environ={"BATCHRUN_DB": migrated})
+    response = aws_lambda.handle(
+        post, FakeContext(30, "req-http"), environ={"BATCHRUN_DB": migrated}
+    )
     assert response["statusCode"] == 503, "unsubscribe is not configured"

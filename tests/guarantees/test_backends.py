@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, query, run_cli
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from support.lambda_context import FakeContext
 from test_tasks import EFFECT, JOBS, effects
 
 import batchrun
@@ -568,21 +569,6 @@ def test_the_busy_backend_behind_four_workers(busy_backend: BusyBackend, mysql_u
     )
 
 
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
-
-
-class FakeContext:
-    def __init__(self, seconds: float) -> None:
-        self.deadline = time.monotonic() + seconds
-        self.aws_request_id = "req"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self.deadline - time.monotonic()) * 1000))
-
-
 def event_source(
     sqs: Any,
     url: str,
@@ -629,7 +615,9 @@ def event_source(
                     }
                     for m in got
                 ]
-                result = aws_lambda.handle({"Records": records}, FakeContext(30), environ=environ)
+                result = aws_lambda.handle(
+                    {"Records": records}, FakeContext(30, "req"), environ=environ
+                )
                 failed = {f["itemIdentifier"] for f in result["batchItemFailures"]}
                 for m in got:
                     if m["MessageId"] not in failed:
@@ -648,21 +636,21 @@ def event_source(
 
 
 def test_the_busy_backend_behind_the_sqs_triggered_lambda(
-    busy_backend: BusyBackend, moto: MotoServer, mysql_url: str
+    busy_backend: BusyBackend, moto_server: MotoServer, mysql_url: str
 ) -> None:
     n = 30
-    moto.reset()
-    url, dlq = make_queue_with_dlq(moto, visibility_s=30, max_receives=5)
+    moto_server.reset()
+    url, dlq = make_queue_with_dlq(moto_server, visibility_s=30, max_receives=5)
     environ = {
         **_migrate(mysql_url, FILES_JOB),
-        **moto.env,
+        **moto_server.env,
         "BATCHRUN_RETRY_QUEUE": url,
         "BATCHRUN_BACKEND_WORKER_URL": busy_backend.url,
         "BATCHRUN_LEASE_S": "5",
         "BATCHRUN_BUSY_WAIT_S": "10",  # waited in the invocation, then given back
     }
-    sqs = aws_client(moto)
-    with batchrun.connect(db=mysql_url, queue=url, jobs=FILES_JOB, env=moto.env) as client:
+    sqs = aws_client(moto_server)
+    with batchrun.connect(db=mysql_url, queue=url, jobs=FILES_JOB, env=moto_server.env) as client:
 
         def submit(uid: int, file: str) -> None:
             client.submit("files", uid, data={"s3_url": file})
@@ -690,7 +678,7 @@ def test_the_busy_backend_behind_the_sqs_triggered_lambda(
 
 @pytest.mark.parametrize("fifo", [False, True], ids=["standard", "fifo"])
 def test_the_lambda_gives_tasks_back_while_the_backend_stays_busy(
-    moto: MotoServer, mysql_url: str, fifo: bool
+    moto_server: MotoServer, mysql_url: str, fifo: bool
 ) -> None:
     # A client other than batchrun keeps the backend busy for a while; the Lambda may wait
     # 0.2 s in an invocation, so it gives each task back, again and again: a low redrive
@@ -698,21 +686,23 @@ def test_the_lambda_gives_tasks_back_while_the_backend_stays_busy(
     # it, and a copy replaces it when one more receive could reach the limit: with 3, one
     # receive in two is that copy's, visible at once, since FIFO takes no delay.)
     n = 2
-    moto.reset()
+    moto_server.reset()
     max_receives = 3 if fifo else 2
-    url, dlq = _queue(moto, fifo=fifo, max_receives=max_receives)
+    url, dlq = _queue(moto_server, fifo=fifo, max_receives=max_receives)
     with BusyBackend(task_s=2.0) as backend:
         environ = {
             **_migrate(mysql_url, FILES_JOB),
-            **moto.env,
+            **moto_server.env,
             "BATCHRUN_RETRY_QUEUE": url,
             "BATCHRUN_BACKEND_WORKER_URL": backend.url,
             "BATCHRUN_LEASE_S": "5",
             "BATCHRUN_BUSY_WAIT_S": "0.2",
         }
         assert backend.take("outside", {"s3_url": "s3://elsewhere"}) == 202  # busy for 2 s
-        sqs = aws_client(moto)
-        with batchrun.connect(db=mysql_url, queue=url, jobs=FILES_JOB, env=moto.env) as client:
+        sqs = aws_client(moto_server)
+        with batchrun.connect(
+            db=mysql_url, queue=url, jobs=FILES_JOB, env=moto_server.env
+        ) as client:
             for uid in range(1, n + 1):
                 client.submit("files", uid, data={"s3_url": f"s3://uploads/{uid}.mp4"})
 
@@ -730,10 +720,10 @@ def test_the_lambda_gives_tasks_back_while_the_backend_stays_busy(
     )
 
 
-def _queue(moto: MotoServer, *, fifo: bool, max_receives: int) -> tuple[str, str]:
+def _queue(moto_server: MotoServer, *, fifo: bool, max_receives: int) -> tuple[str, str]:
     if not fifo:
-        return make_queue_with_dlq(moto, max_receives=max_receives, visibility_s=30)
-    sqs = aws_client(moto)
+        return make_queue_with_dlq(moto_server, max_receives=max_receives, visibility_s=30)
+    sqs = aws_client(moto_server)
     attributes = {"FifoQueue": "true"}
     dlq = str(sqs.create_queue(QueueName="busy-dlq.fifo", Attributes=attributes)["QueueUrl"])
     arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]
@@ -756,13 +746,13 @@ def _depth(sqs: Any, url: str) -> int:
 
 
 async def test_sqs_gives_a_busy_message_back_as_a_delayed_copy_or_hides_it_on_fifo(
-    moto: MotoServer,
+    moto_server: MotoServer,
 ) -> None:
     from batchrun.queue.sqs import SqsQueue
 
-    moto.reset()
-    sqs = aws_client(moto)
-    standard, _ = make_queue_with_dlq(moto, "std", dlq_name="std-dlq", max_receives=3)
+    moto_server.reset()
+    sqs = aws_client(moto_server)
+    standard, _ = make_queue_with_dlq(moto_server, "std", dlq_name="std-dlq", max_receives=3)
     fifo_dlq = sqs.create_queue(QueueName="f-dlq.fifo", Attributes={"FifoQueue": "true"})
     arn = sqs.get_queue_attributes(QueueUrl=fifo_dlq["QueueUrl"], AttributeNames=["QueueArn"])
     redrive = json.dumps(
@@ -774,7 +764,7 @@ async def test_sqs_gives_a_busy_message_back_as_a_delayed_copy_or_hides_it_on_fi
     body = QueueMessage("entity_task", "files", "", entity_id=1, key="k").to_json()
     again = QueueMessage("entity_task", "files", "", entity_id=1, key="k", busy=1).to_json()
     for url, is_fifo in ((standard, False), (fifo, True)):
-        queue = SqsQueue(url, env=moto.env, wait_s=0)
+        queue = SqsQueue(url, env=moto_server.env, wait_s=0)
         try:
             await queue.send([body])
             (item,) = await queue.receive(max_messages=1, visibility_s=30)

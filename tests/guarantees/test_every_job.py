@@ -19,7 +19,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -27,6 +27,7 @@ import pytest
 from conftest import ROOT, query, table_digest
 from support.http_server import GrantsTestServer
 from support.job_cases import CASES, JobCase
+from support.lambda_context import FakeContext
 from support.smtp_server import SmtpTestServer
 
 from batchrun import aws_lambda
@@ -39,12 +40,6 @@ STATES = {"succeeded": 1, "skipped": 2, "retrying": 3, "failed": 4}
 
 
 # -- fixtures and helpers ----------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def grants_server_session() -> Iterator[GrantsTestServer]:
-    with GrantsTestServer() as server:
-        yield server
 
 
 @pytest.fixture(params=list(CASES))
@@ -361,17 +356,6 @@ def test_fan_out_with_a_worker_killed_mid_shard_completes_the_period(
 # -- 7. the Lambda's deadline hand-off -------------------------------------------------------
 
 
-class FakeContext:
-    """A LambdaContext whose deadline is real time from now."""
-
-    def __init__(self, seconds: float) -> None:
-        self.deadline = time.monotonic() + seconds
-        self.aws_request_id = "req-guarantees"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self.deadline - time.monotonic()) * 1000))
-
-
 def drain_as_sqs_events(
     db_url: str, environ: dict[str, str], seconds: float
 ) -> list[dict[str, Any]]:
@@ -411,7 +395,7 @@ def drain_as_sqs_events(
                 for uid, body, count in got
             ]
         }
-        context = FakeContext(seconds)
+        context = FakeContext(seconds, "req-guarantees")
         result = aws_lambda.handle(event, context, environ=environ)
         assert context.get_remaining_time_in_millis() > 0, "returned after its deadline"
         results.append(result)
@@ -433,7 +417,7 @@ def test_the_lambda_hands_off_before_its_deadline_and_loses_nothing(
     environ = case.env(
         db_url, BATCHRUN_CONCURRENCY=str(CONCURRENCY), BATCHRUN_DEADLINE_MARGIN_MS="800"
     )
-    context = FakeContext(1.6)
+    context = FakeContext(1.6, "req-guarantees")
     first = aws_lambda.handle({"job": case.name, "period": case.period}, context, environ=environ)
     assert context.get_remaining_time_in_millis() > 0, "the handler must return in time"
     assert first["continuation"] is True and first["stopped"], first

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,12 +17,6 @@ from support.smtp_server import SmtpTestServer
 from batchrun.mail.base import valid_address
 
 WORKER_CONCURRENCY = 10
-
-
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
 
 
 @pytest.fixture

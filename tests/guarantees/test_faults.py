@@ -849,12 +849,6 @@ def test_poison_messages_are_dead_lettered_with_the_reason_logged(
     assert again.returncode == 0 and summary_of(again)["processed"] == 0, "never retried"
 
 
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
-
-
 @pytest.mark.slow
 def test_poison_messages_on_sqs_go_to_the_dead_letter_queue(
     mysql_url: str, smtp_server: SmtpTestServer, moto_server: MotoServer

@@ -35,12 +35,6 @@ HOLD_S = 40.0
 CONCURRENCY = 5
 
 
-@pytest.fixture(params=["mysql", "postgresql"])
-def server_url(request: pytest.FixtureRequest) -> str:
-    fixture = "postgres_url" if request.param == "postgresql" else "mysql_url"
-    return str(request.getfixturevalue(fixture))
-
-
 def seeded(url: str, env: dict[str, str], users: int) -> None:
     for step in (("db", "migrate"), ("db", "seed", "--users", str(users), "--seed", "41")):
         done = run_cli(*step, env=env)

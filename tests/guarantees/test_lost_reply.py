@@ -23,12 +23,6 @@ JOB = str(ROOT / "tests" / "support" / "credit_job.py")
 MONTH = "2025-06"
 
 
-@pytest.fixture(params=["mysql", "postgresql"])
-def server_url(request: pytest.FixtureRequest) -> str:
-    fixture = "postgres_url" if request.param == "postgresql" else "mysql_url"
-    return str(request.getfixturevalue(fixture))
-
-
 @pytest.fixture
 def proxy(server_url: str) -> Any:
     parts = urlsplit(server_url)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,12 +21,6 @@ from batchrun.policy.pacing import CircuitBreaker, Pacer, breaker_reason
 from batchrun.policy.rate import AdaptiveRate
 
 CREDITS_BREAKER = "backend 'credits' unreachable (circuit breaker open)"
-
-
-@pytest.fixture(scope="module")
-def grants() -> Iterator[GrantsTestServer]:
-    with GrantsTestServer() as server:
-        yield server
 
 
 @pytest.fixture

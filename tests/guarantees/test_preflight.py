@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import re
 import socket
@@ -92,20 +91,6 @@ def effects(db_url: str) -> tuple[int, int, int]:
         int(query(db_url, f"SELECT COUNT(*) FROM {table}")[0][0])
         for table in ("gift_card", "batchrun_ledger", "batchrun_queue")
     )
-
-
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    # moto's server runs in this process: its request log would reach the CLI's handler
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    with MotoServer() as server:
-        yield server
-
-
-@pytest.fixture
-def aws_env(moto_server: MotoServer) -> dict[str, str]:
-    moto_server.reset()
-    return moto_server.env
 
 
 def unwritable_dir(path: Path) -> Iterator[Path]:

@@ -5,7 +5,7 @@ are listed, redriven and purged (local queue and SQS)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aioboto3
@@ -185,18 +185,12 @@ def test_dead_commands_on_the_command_line(sqlite_url: str, tmp_path: Any) -> No
 # -- SQS -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
-
-
 @pytest.fixture
-async def sqs_pair(moto: MotoServer) -> AsyncIterator[tuple[SqsQueue, Any, str]]:
+async def sqs_pair(moto_server: MotoServer) -> AsyncIterator[tuple[SqsQueue, Any, str]]:
     """An SqsQueue whose RedrivePolicy names a DLQ (maxReceiveCount 3), a raw client, and
     the DLQ's URL."""
-    moto.reset()
-    env = moto.env
+    moto_server.reset()
+    env = moto_server.env
     session = aioboto3.Session(
         aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],

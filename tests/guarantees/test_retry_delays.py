@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -213,12 +213,6 @@ async def test_the_policy_caps_every_delay(
 # -- HTTP 429 Retry-After in the credits example -------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def grants() -> Iterator[GrantsTestServer]:
-    with GrantsTestServer() as server:
-        yield server
-
-
 async def test_a_429_retry_after_through_a_backend_holds_the_given_back_message(
     store: Store, make_runtime: Callable[..., Runtime], grants: GrantsTestServer
 ) -> None:
@@ -269,12 +263,6 @@ def test_sqs_delays_are_whole_seconds_up_to_fifteen_minutes() -> None:
         MAX_DELAY_S,
         MAX_DELAY_S,
     ]
-
-
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)

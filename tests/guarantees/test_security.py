@@ -396,12 +396,6 @@ def test_no_password_in_any_command_output_error_queue_row_or_table(
     assert_no_secret(_all_rows(mysql_url), "the database (ledger, queue, cards)", secrets)
 
 
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
-
-
 def _aws_env(server: MotoServer) -> dict[str, str]:
     return server.env | {"AWS_SECRET_ACCESS_KEY": AWS_SECRET}
 

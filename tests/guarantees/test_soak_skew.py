@@ -64,12 +64,6 @@ class SkewReport:
     duration_s: float = 0.0
 
 
-@pytest.fixture(params=["mysql", "postgresql"])
-def server_url(request: pytest.FixtureRequest) -> str:
-    fixture = "postgres_url" if request.param == "postgresql" else "mysql_url"
-    return str(request.getfixturevalue(fixture))
-
-
 def _start(env: dict[str, str], month: str, *prefix: str) -> subprocess.Popen[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")} | env
     args = ["birthday", "--month", month, "--concurrency", str(CONCURRENCY), "--json"]

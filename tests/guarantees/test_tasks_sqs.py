@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
 
 import boto3
-import pytest
 from conftest import query
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from support.lambda_context import drain_as_sqs_events
 from test_tasks import JOBS, _workers, effects, setup
 
 import batchrun
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
 
 
 def fifo_queue(env: dict[str, str]) -> str:
@@ -40,12 +33,12 @@ def fifo_queue(env: dict[str, str]) -> str:
     return str(sqs.create_queue(QueueName="tasks.fifo", Attributes=attributes)["QueueUrl"])
 
 
-def test_four_workers_on_sqs_fifo(moto: MotoServer, mysql_url: str) -> None:
-    moto.reset()
-    url = fifo_queue(moto.env)
-    env = {**setup(mysql_url), **moto.env, "BATCHRUN_RETRY_QUEUE": url}
+def test_four_workers_on_sqs_fifo(moto_server: MotoServer, mysql_url: str) -> None:
+    moto_server.reset()
+    url = fifo_queue(moto_server.env)
+    env = {**setup(mysql_url), **moto_server.env, "BATCHRUN_RETRY_QUEUE": url}
     submitted: dict[int, list[str]] = defaultdict(list)
-    with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto.env) as client:
+    with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto_server.env) as client:
         for seq in range(3):
             for uid in range(1, 51):
                 submitted[uid].append(client.submit("steps", uid, data={"seq": seq}))
@@ -65,18 +58,21 @@ def test_four_workers_on_sqs_fifo(moto: MotoServer, mysql_url: str) -> None:
         assert [r[1] for r in runs] == submitted[uid], f"user {uid} out of submission order"
 
 
-def test_the_sqs_triggered_lambda_serves_tasks(moto: MotoServer, mysql_url: str) -> None:
-    from test_lambda import drain_as_sqs_events
-
-    moto.reset()
-    url, _ = make_queue_with_dlq(moto, visibility_s=30)
-    env = {**setup(mysql_url), **moto.env, "BATCHRUN_RETRY_QUEUE": url, "BATCHRUN_LEASE_S": "5"}
+def test_the_sqs_triggered_lambda_serves_tasks(moto_server: MotoServer, mysql_url: str) -> None:
+    moto_server.reset()
+    url, _ = make_queue_with_dlq(moto_server, visibility_s=30)
+    env = {
+        **setup(mysql_url),
+        **moto_server.env,
+        "BATCHRUN_RETRY_QUEUE": url,
+        "BATCHRUN_LEASE_S": "5",
+    }
     submitted: dict[int, list[str]] = defaultdict(list)
-    with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto.env) as client:
+    with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto_server.env) as client:
         for seq in range(3):
             for uid in range(1, 21):
                 submitted[uid].append(client.submit("steps", uid, data={"seq": seq}))
-    drain_as_sqs_events(aws_client(moto), url, env, seconds=60)
+    drain_as_sqs_events(aws_client(moto_server), url, env, seconds=60)
     rows = effects(mysql_url)
     assert len(rows) == 60 and len({r[1] for r in rows}) == 60  # each task once
     for uid in submitted:

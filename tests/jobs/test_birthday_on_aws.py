@@ -7,7 +7,7 @@ import json
 import random
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from email.utils import parseaddr
 from typing import Any
 
@@ -32,12 +32,6 @@ UNITS: dict[str, Unit] = {"birthday": "month"}  # jobs a consumer parses bodies 
 
 JUNE = month(2025, 6)
 SENDER = "birthday@example.com"
-
-
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
 
 
 async def make_queues(env: dict[str, str], *, fifo: bool = False, max_receives: int = 5) -> str:
