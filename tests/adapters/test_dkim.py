@@ -15,9 +15,9 @@ from pathlib import Path
 
 import dkim
 import pytest
-from conftest import run_cli
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from support.cli import run_cli
 from support.smtp_server import SmtpTestServer
 
 from batchrun import unsubscribe

@@ -11,9 +11,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import card_counts, eligible_ids, query, seed_users
 from support import EVENTS
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from support.birthday import card_counts, eligible_ids, seed_users
+from support.db import query
 from support.lambda_context import FakeContext, drain_as_sqs_events
 from support.smtp_server import SmtpTestServer
 

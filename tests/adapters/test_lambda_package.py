@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from cfnlint.decode import decode
-from conftest import ROOT
+from support import ROOT
 from support.aws_server import REGION, MotoServer, aws_client, make_queue_with_dlq
 
 TEMPLATE = ROOT / "deploy" / "template.yaml"

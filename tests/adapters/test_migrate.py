@@ -15,15 +15,9 @@ from datetime import date
 from typing import Any
 
 import pytest
-from conftest import (
-    card_counts,
-    eligible_ids,
-    mysql_connect,
-    query,
-    run_cli,
-    seed_users,
-    table_digest,
-)
+from support.birthday import card_counts, eligible_ids, seed_users
+from support.cli import run_cli
+from support.db import mysql_connect, query, table_digest
 from support.periods import month
 
 from batchrun.db import Store, connect

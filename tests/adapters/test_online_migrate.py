@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from click.testing import Result
-from conftest import mysql_connect, query
+from support.db import mysql_connect, query
 from typer.testing import CliRunner
 
 from batchrun.cli import app

@@ -9,7 +9,8 @@ import time
 from typing import Any
 
 import pytest
-from conftest import pg_connect, query, run_cli
+from support.cli import run_cli
+from support.db import pg_connect, query
 from support.periods import month
 
 from batchrun.db import Store, connect

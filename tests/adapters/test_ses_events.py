@@ -12,9 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import query, run_cli, seed_users
 from support import EVENTS
 from support.aws_server import HOST, MotoServer, aws_client, make_queue_with_dlq
+from support.birthday import seed_users
+from support.cli import run_cli
+from support.db import query
 from support.lambda_context import FakeContext
 from support.periods import month
 

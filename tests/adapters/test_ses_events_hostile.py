@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import query, run_cli, seed_users
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from support.birthday import seed_users
+from support.cli import run_cli
+from support.db import query
 from support.lambda_context import FakeContext
 from support.periods import month
 from test_ses_events import mailed, mailed_run, sample

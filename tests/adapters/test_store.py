@@ -9,7 +9,8 @@ from urllib.parse import urlsplit
 
 import aiomysql
 import pytest
-from conftest import birthday_scope, query, seed_users, status_of
+from support.birthday import birthday_scope, seed_users, status_of
+from support.db import query
 from support.periods import month
 
 from batchrun.db import Store, connect

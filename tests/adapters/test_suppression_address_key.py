@@ -5,7 +5,7 @@ after `db migrate`, which rewrites them once (step migrate_0040_suppression_keys
 from __future__ import annotations
 
 import pytest
-from conftest import query
+from support.db import query
 
 from batchrun.db import Store
 from batchrun.errors import NotMigratedError

@@ -22,8 +22,10 @@ from datetime import date
 from typing import Any
 
 import pytest
-from conftest import ROOT, card_counts, mysql_connect, query, run_cli, table_digest
-from support import SUPPORT
+from support import ROOT, SUPPORT
+from support.birthday import card_counts
+from support.cli import run_cli
+from support.db import mysql_connect, query, table_digest
 from support.smtp_server import SmtpTestServer
 
 from batchrun.db.sqlite import sqlite_path

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import birthday_scope, query, seed
+from support.birthday import birthday_scope, seed
+from support.db import query
 
 from batchrun.control.history import History, iso, outcome_of
 from batchrun.control.runrecord import RunRecord

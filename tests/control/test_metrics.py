@@ -8,8 +8,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import query, seed_users
 from prometheus_client.parser import text_string_to_metric_families
+from support.birthday import seed_users
+from support.db import query
 from support.smtp_server import SmtpTestServer, fail_recipients
 from typer.testing import CliRunner
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from support.cli import run_cli
 from support.http_server import GrantsTestServer
 from support.smtp_server import SmtpTestServer
 

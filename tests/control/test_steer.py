@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, query, run_cli
+from support import ROOT
+from support.cli import run_cli
+from support.db import query
 from support.smtp_server import SmtpTestServer
 
 from batchrun import aws_lambda

@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import mysql_connect, query
+from support.db import mysql_connect, query
 from support.ui import client_of, csrf_of, make_app
 from typer.testing import CliRunner
 

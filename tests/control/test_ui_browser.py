@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import IN_CI, ROOT, query, run_cli
 from selenium.webdriver.common.by import By
+from support import IN_CI, ROOT
 from support.browser import chromium_paths, start, wait_for
+from support.cli import run_cli
+from support.db import query
 from support.smtp_server import SmtpTestServer, fail_recipients
 from support.ui import serve
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 from click.testing import Result
-from conftest import card_counts, eligible_ids, query, seed_users, status_of, table_digest
 from support import EVENTS
+from support.birthday import card_counts, eligible_ids, seed_users, status_of
+from support.db import query, table_digest
 from support.lambda_context import FakeContext
 from support.periods import month
 from support.smtp_server import SmtpTestServer, fail_recipients

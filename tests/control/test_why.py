@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from click.testing import Result
-from conftest import query, seed_users
+from support.birthday import seed_users
+from support.db import query
 from support.smtp_server import SmtpTestServer, fail_recipients
 from typer.testing import CliRunner
 

@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, query, run_cli
+from support import ROOT
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from support.cli import run_cli
+from support.db import query
 from support.lambda_context import FakeContext
 from test_tasks import EFFECT, JOBS, effects
 

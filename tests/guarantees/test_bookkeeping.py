@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, card_counts, eligible_ids, query, run_cli, seed_users
+from support import ROOT
+from support.birthday import card_counts, eligible_ids, seed_users
+from support.cli import run_cli
+from support.db import query
 from support.smtp_server import SmtpTestServer
 
 from batchrun.db import Store, connect

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import query, run_cli, seed_users
+from support.birthday import seed_users
+from support.cli import run_cli
+from support.db import query
 
 from batchrun.db import Store
 from batchrun.job import Context, Job

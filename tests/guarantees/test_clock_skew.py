@@ -19,7 +19,9 @@ import time
 from typing import Any
 
 import pytest
-from conftest import ROOT, card_counts, run_cli
+from support import ROOT
+from support.birthday import card_counts
+from support.cli import run_cli
 from support.smtp_server import SmtpTestServer
 from test_faults import want_ids
 

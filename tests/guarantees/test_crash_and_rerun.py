@@ -9,7 +9,10 @@ import time
 from collections import Counter
 
 import pytest
-from conftest import ROOT, card_counts, eligible_ids, query, run_cli
+from support import ROOT
+from support.birthday import card_counts, eligible_ids
+from support.cli import run_cli
+from support.db import query
 from support.smtp_server import SmtpTestServer
 
 from batchrun.mail.base import valid_address

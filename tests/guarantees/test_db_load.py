@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from conftest import eligible_ids, mysql_connect
+from support.birthday import eligible_ids
+from support.db import mysql_connect
 from typer.testing import CliRunner
 
 from batchrun.cli import app

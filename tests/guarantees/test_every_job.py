@@ -24,7 +24,8 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 import pytest
-from conftest import ROOT, query, table_digest
+from support import ROOT
+from support.db import query, table_digest
 from support.http_server import GrantsTestServer
 from support.job_cases import CASES, JobCase
 from support.lambda_context import FakeContext

@@ -10,8 +10,11 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from conftest import ROOT, card_counts, eligible_ids, query, run_cli
+from support import ROOT
 from support.aws_server import MotoServer, make_queue_with_dlq
+from support.birthday import card_counts, eligible_ids
+from support.cli import run_cli
+from support.db import query
 from support.smtp_server import SmtpTestServer
 
 from batchrun.mail.base import valid_address

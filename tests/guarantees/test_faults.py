@@ -30,18 +30,12 @@ from urllib.parse import urlsplit
 
 import pymysql
 import pytest
-from conftest import (
-    ROOT,
-    birthday_scope,
-    card_counts,
-    eligible_ids,
-    mysql_connect,
-    query,
-    run_cli,
-    seed_users,
-)
-from conftest import status_of as status_of_rt
+from support import ROOT
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from support.birthday import birthday_scope, card_counts, eligible_ids, seed_users
+from support.birthday import status_of as status_of_rt
+from support.cli import run_cli
+from support.db import mysql_connect, query
 from support.periods import month
 from support.smtp_server import SmtpTestServer
 

@@ -39,7 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, card_counts, eligible_ids, mysql_connect, pg_connect, query, run_cli
+from support import ROOT
+from support.birthday import card_counts, eligible_ids
+from support.cli import run_cli
+from support.db import mysql_connect, pg_connect, query
 from support.smtp_server import SmtpTestServer
 
 from batchrun.mail.base import valid_address

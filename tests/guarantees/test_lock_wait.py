@@ -20,7 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import mysql_connect, pg_connect, query, run_cli
+from support.cli import run_cli
+from support.db import mysql_connect, pg_connect, query
 from support.smtp_server import SmtpTestServer
 from test_faults import (
     assert_month_complete,

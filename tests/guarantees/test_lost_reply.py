@@ -15,8 +15,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import ROOT, query, run_cli
+from support import ROOT
+from support.cli import run_cli
 from support.credit_job import CREDIT, TABLE
+from support.db import query
 from support.tcp_proxy import TcpProxy
 
 JOB = str(ROOT / "tests" / "support" / "credit_job.py")

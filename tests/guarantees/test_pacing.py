@@ -10,7 +10,8 @@ import socket
 from typing import Any
 
 import pytest
-from conftest import query, run_cli
+from support.cli import run_cli
+from support.db import query
 from support.http_server import GrantsTestServer
 from support.job_cases import CreditsCase
 from support.smtp_server import SmtpTestServer

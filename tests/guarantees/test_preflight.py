@@ -23,8 +23,10 @@ from typing import Any
 
 import pytest
 from click.testing import Result
-from conftest import query, run_cli, seed_users
 from support.aws_server import MotoServer, answer_with, aws_client
+from support.birthday import seed_users
+from support.cli import run_cli
+from support.db import query
 from support.periods import month
 from support.smtp_server import SmtpTestServer
 from typer.testing import CliRunner

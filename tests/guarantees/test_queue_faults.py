@@ -10,8 +10,10 @@ from typing import Any
 
 import aioboto3
 import pytest
-from conftest import query, run_cli, seed_users, table_digest
 from support.aws_server import MotoServer
+from support.birthday import seed_users
+from support.cli import run_cli
+from support.db import query, table_digest
 from support.periods import month
 from support.smtp_server import SmtpTestServer, fail_recipients
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 from support.aws_server import MotoServer
 from support.http_server import GrantsTestServer
 

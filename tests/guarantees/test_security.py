@@ -38,8 +38,11 @@ import psycopg
 import pymysql
 import pytest
 from cfnlint.decode import decode
-from conftest import MYSQL_URL, ROOT, card_counts, query, run_cli, seed_users, table_digest
+from support import ROOT
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from support.birthday import card_counts, seed_users
+from support.cli import run_cli
+from support.db import MYSQL_URL, query, table_digest
 from support.periods import month
 from support.smtp_server import SmtpTestServer
 from test_faults import cli_env, summary_of, user_of

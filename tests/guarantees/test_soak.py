@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from conftest import mysql_connect
 from support import SUPPORT
+from support.db import mysql_connect
 
 SOAK = os.environ.get("BATCHRUN_SOAK") == "1"
 pytestmark = pytest.mark.skipif(not SOAK, reason="long variants: BATCHRUN_SOAK=1 (make soak)")
@@ -51,7 +51,7 @@ LOAD_CONCURRENCY = 100
 LEASE_S = os.environ.get("BATCHRUN_SOAK_LEASE_S", "3")
 HEARTBEAT_FAIL = float(os.environ.get("BATCHRUN_SOAK_HEARTBEAT_FAIL", "0.3"))
 HOOKS = SUPPORT / "soak_hooks"
-# The sink runs this file as a script: tests/ on its path for conftest and support.
+# The sink runs this file as a script: tests/ on its path for the support package.
 TESTS_PATH = [str(SUPPORT.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
 
 
@@ -294,7 +294,7 @@ def test_soak_crash_anywhere_with_a_failing_heartbeat(
     every eligible user emailed, duplicates at most kills x concurrency, nothing left
     claimed, the ledger consistent), and the injection must really have happened.
     """
-    from conftest import ROOT
+    from support import ROOT
     from test_faults import CONCURRENCY, crash_anywhere
 
     log = tmp_path / "heartbeats.log"
@@ -387,7 +387,7 @@ def _timed_cli(
     *args: str, env: dict[str, str], log: Path
 ) -> tuple[int, dict[str, Any], dict[str, float]]:
     """Run ``python -m batchrun ARGS --json``; return exit code, summary, wall s, peak RSS."""
-    from conftest import ROOT
+    from support import ROOT
 
     full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")} | env
     started = time.monotonic()
@@ -432,7 +432,7 @@ def _month_users(mysql_url: str) -> tuple[set[int], set[int]]:
 def test_soak_a_million_users_with_one_percent_temporary_failures(
     mysql_url: str, tmp_path: Path
 ) -> None:
-    from conftest import run_cli
+    from support.cli import run_cli
 
     sink = SmtpSink(FAIL_RATE, SEED)
     figures: dict[str, Any] = {

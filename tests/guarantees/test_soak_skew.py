@@ -26,7 +26,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import ROOT, run_cli
+from support import ROOT
+from support.cli import run_cli
 from support.smtp_server import SmtpTestServer
 from support.tcp_proxy import TcpProxy
 from test_faults import _seed_users, assert_month_complete, cli_env, eligible_ids, want_ids

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, query, run_cli
-from support import SUPPORT
+from support import ROOT, SUPPORT
+from support.cli import run_cli
+from support.db import query
 
 import batchrun
 from batchrun.queue.base import QueueMessage

@@ -9,8 +9,8 @@ from itertools import pairwise
 from typing import Any
 
 import boto3
-from conftest import query
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from support.db import query
 from support.lambda_context import drain_as_sqs_events
 from test_tasks import JOBS, _workers, effects, setup
 

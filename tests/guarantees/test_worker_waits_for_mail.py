@@ -10,7 +10,9 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT, eligible_ids, run_cli
+from support import ROOT
+from support.birthday import eligible_ids
+from support.cli import run_cli
 from support.smtp_server import SmtpTestServer
 from test_preflight import migrate_and_seed
 

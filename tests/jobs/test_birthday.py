@@ -9,15 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import (
-    birthday_scope,
-    card_counts,
-    eligible_ids,
-    query,
-    seed_users,
-    status_of,
-    table_digest,
-)
+from support.birthday import birthday_scope, card_counts, eligible_ids, seed_users, status_of
+from support.db import query, table_digest
 from support.periods import month
 from support.smtp_server import SmtpTestServer
 

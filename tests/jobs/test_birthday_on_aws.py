@@ -13,8 +13,9 @@ from typing import Any
 
 import aioboto3
 import pytest
-from conftest import card_counts, eligible_ids, query, seed_users, status_of
 from support.aws_server import REGION, MotoServer, answer_with, moto_raw_messages
+from support.birthday import card_counts, eligible_ids, seed_users, status_of
+from support.db import query
 from support.periods import month
 from support.smtp_server import SmtpTestServer
 

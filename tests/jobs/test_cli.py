@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from conftest import eligible_ids, query, run_cli, table_digest
+from support.birthday import eligible_ids
+from support.cli import run_cli
+from support.db import query, table_digest
 from typer.testing import CliRunner
 
 import batchrun

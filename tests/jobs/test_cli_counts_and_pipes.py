@@ -9,7 +9,10 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, eligible_ids, query, run_cli
+from support import ROOT
+from support.birthday import eligible_ids
+from support.cli import run_cli
+from support.db import query
 from support.smtp_server import SmtpTestServer, fail_recipients
 from test_cli import _restore_root_logger, env, invoke, migrate_and_seed, text
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import query, run_cli
+from support.cli import run_cli
+from support.db import query
 
 from batchrun.db.sql import Queries
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 import typer
-from conftest import ROOT
+from support import ROOT
 
 from batchrun.cli import GLOBAL_VALUES, app, hoist_global_options
 

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from typing import Any
 
-from conftest import ROOT, query, run_cli
+from support import ROOT
+from support.cli import run_cli
+from support.db import query
 
 import batchrun
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 import batchrun
 from batchrun.testing import Harness, HttpDouble, LedgerEntry, Request

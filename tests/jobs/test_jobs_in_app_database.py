@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 from test_cli import _restore_root_logger, assert_clean_failure, invoke, text
 
 RENEWAL = str(ROOT / "examples" / "renewal" / "renewal.py")

@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from conftest import mysql_connect, pg_connect
+from support.db import mysql_connect, pg_connect
 
 import batchrun
 from batchrun.errors import NotMigratedError, PermanentMailError, UsageError

@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 
 @pytest.mark.slow

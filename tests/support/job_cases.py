@@ -20,12 +20,14 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from conftest import ROOT, eligible_ids, query, run_cli, seed_users
-
 from batchrun.db import Store, connect
 from batchrun.job import Job
 from batchrun.mail.base import valid_address
 from batchrun.registry import discover
+from support import ROOT
+from support.birthday import eligible_ids, seed_users
+from support.cli import run_cli
+from support.db import query
 from support.http_server import GrantsTestServer
 from support.smtp_server import SmtpTestServer
 

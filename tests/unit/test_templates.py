@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import jinja2
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 from batchrun import Job
 from batchrun.errors import BatchrunError, ConfigError, TemplateError
