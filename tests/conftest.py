@@ -35,6 +35,9 @@ from batchrun.queue.base import from_url as queue_from_url
 from batchrun.runtime import Runtime
 from batchrun.settings import Settings
 
+# support.checks holds asserts: rewritten like a test module's (it is imported later).
+pytest.register_assert_rewrite("support.checks")
+
 
 @pytest.fixture(scope="session")
 def mysql_server() -> str:

@@ -14,6 +14,7 @@ import pytest
 from support import EVENTS
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
 from support.birthday import card_counts, eligible_ids, seed_users
+from support.checks import assert_one_card_and_one_email_each
 from support.db import query
 from support.lambda_context import FakeContext, drain_as_sqs_events
 from support.smtp_server import SmtpTestServer
@@ -88,8 +89,7 @@ def test_scheduled_event_completes_the_month(
     result = aws_lambda.handle(load_event("schedule.json"), FakeContext(300), environ=environ)
     assert result["month"] == "2025-06" and result["dry_run"] is False
     assert result["emails_sent"] == result["cards_created"] == len(want)
-    assert card_counts(mysql_url, 2025) == dict.fromkeys(want, 1)
-    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
+    assert_one_card_and_one_email_each(mysql_url, smtp_server, want)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     (log_line,) = [line for line in lines if line.get("status") == "done"]
     assert log_line["request_id"] == "req-1" and log_line["event"] == "schedule"
@@ -135,8 +135,7 @@ def test_deadline_hands_off_and_sqs_invocations_complete_the_month(
     results = drain_as_sqs_events(sqs, queue_url, environ, seconds=4)
     assert len(results) >= 2, "the month should need more than one more invocation"
     assert all(r["batchItemFailures"] == [] for r in results)
-    assert card_counts(mysql_url, 2025) == dict.fromkeys(want, 1)
-    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
+    assert_one_card_and_one_email_each(mysql_url, smtp_server, want)
 
 
 def test_a_poison_record_fails_alone(

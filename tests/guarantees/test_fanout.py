@@ -6,13 +6,13 @@ import json
 import os
 import subprocess
 import sys
-from collections import Counter
 from typing import Any
 
 import pytest
 from support import ROOT
 from support.aws_server import MotoServer, make_queue_with_dlq
-from support.birthday import card_counts, eligible_ids
+from support.birthday import eligible_ids
+from support.checks import assert_one_card_and_one_email_each, assert_one_card_each
 from support.cli import run_cli
 from support.db import query
 from support.smtp_server import SmtpTestServer
@@ -110,8 +110,7 @@ def test_a_producer_and_three_workers_complete_the_month(
         results.append(json.loads(out))
     assert sum(1 for r in results if r["succeeded"] > 0) >= 2, "the work should be shared"
     assert sum(r["succeeded"] for r in results) == len(want)
-    assert card_counts(mysql_url, 2025) == dict.fromkeys(want, 1)
-    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
+    assert_one_card_and_one_email_each(mysql_url, smtp_server, want)
     again = produce(env, queue_url)
     assert (again["shards"], again["users"]) == (0, 0), "a rerun queues no finished user"
 
@@ -136,7 +135,7 @@ def test_duplicate_shards_and_a_killed_worker_still_give_one_card_each(
     for worker in workers[1:]:
         _, err = worker.communicate(timeout=240)
         assert worker.returncode == 0, err
-    assert card_counts(mysql_url, 2025) == dict.fromkeys(want, 1)
+    assert_one_card_each(mysql_url, want)
     sends = smtp_server.sends_per_user()
     assert set(sends) == want, "every user emailed"
     duplicates = sum(n - 1 for n in sends.values())

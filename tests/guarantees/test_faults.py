@@ -18,7 +18,6 @@ import os
 import random
 import re
 import subprocess
-import sys
 import time
 import zlib
 from collections import Counter
@@ -30,11 +29,20 @@ from urllib.parse import urlsplit
 
 import pymysql
 import pytest
-from support import ROOT
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
-from support.birthday import birthday_scope, card_counts, eligible_ids, seed_users
+from support.birthday import (
+    birthday_scope,
+    card_codes,
+    card_counts,
+    eligible_ids,
+    ledger_states,
+    seed_users,
+    user_of,
+    want_ids,
+)
 from support.birthday import status_of as status_of_rt
-from support.cli import run_cli
+from support.checks import assert_month_complete, assert_one_card_each
+from support.cli import SENDER, cli_env, cli_seed_users, run_cli, spawn, summary_of, wait_until
 from support.db import mysql_connect, query
 from support.periods import month
 from support.smtp_server import SmtpTestServer
@@ -44,7 +52,7 @@ from batchrun.db import Store
 from batchrun.db.store import State
 from batchrun.job import Context
 from batchrun.jobs.birthday import Birthday
-from batchrun.mail.base import MAX_NAME_CHARS, valid_address
+from batchrun.mail.base import MAX_NAME_CHARS
 from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.period import Unit
 from batchrun.queue.base import QueueMessage
@@ -55,97 +63,11 @@ from batchrun.settings import Settings
 UNITS: dict[str, Unit] = {"birthday": "month"}  # jobs a consumer parses bodies for
 
 SEED = int(os.environ.get("BATCHRUN_TEST_SEED", "20250607"))
-SENDER = "birthday@example.com"
 CONCURRENCY = 10
 TEMPORARY = "451 4.3.0 Try again later"
-_CODE = re.compile(r"\b[0-9A-Z]{4}-[0-9A-Z]{4}-[0-9A-Z]{4}-[0-9A-Z]{4}\b")
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def cli_env(db_url: str, mail_url: str, **extra: str) -> dict[str, str]:
-    """The environment of a batchrun subprocess: short leases so reruns wait little."""
-    return {
-        "BATCHRUN_DB": db_url,
-        "BATCHRUN_MAIL": mail_url,
-        "BATCHRUN_FROM": SENDER,
-        "BATCHRUN_LEASE_S": "1",
-        "BATCHRUN_RETRY_BASE_S": "0",
-        "COLUMNS": "400",  # rich wraps log lines at the terminal width; keep one per line
-        **extra,
-    }
-
-
-def spawn(
-    *args: str, env: dict[str, str], stdout: Any = subprocess.DEVNULL
-) -> subprocess.Popen[str]:
-    """Start ``python -m batchrun ARGS`` without waiting (to kill it, or to act meanwhile)."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")} | env
-    return subprocess.Popen(
-        [sys.executable, "-m", "batchrun", *args],
-        env=full,
-        cwd=ROOT,
-        stdout=stdout,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_until(done: Callable[[], bool], *, timeout: float, step: float = 0.005) -> bool:
-    """Poll ``done`` until it holds or ``timeout`` passes; return whether it held."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if done():
-            return True
-        time.sleep(step)
-    return done()
-
-
-def want_ids(db_url: str, month: int = 6) -> set[int]:
-    """Users who must end with a card and an email: eligible, with a valid address."""
-    rows = query(db_url, "SELECT id, email FROM user WHERE birth_month = %s", month)
-    good = {int(r[0]) for r in rows if r[1] is not None and valid_address(r[1])}
-    return eligible_ids(db_url, month) & good
-
-
-def user_of(message_id: str | None) -> tuple[int, int]:
-    """(year, user id) of a stable Message-ID ``<birthday.YEAR.UID@domain>``."""
-    assert message_id is not None
-    _, year, uid = message_id.strip("<>").split("@")[0].split(".")
-    return int(year), int(uid)
-
-
-def codes_in_mail(server: SmtpTestServer, year: int) -> dict[int, set[str]]:
-    """user id -> the gift codes their emails showed (decoded text part)."""
-    shown: dict[int, set[str]] = {}
-    for message in server.messages:
-        message_year, uid = user_of(message.message_id)
-        if message_year != year:
-            continue
-        body = message.email.get_body(("plain",))
-        assert body is not None
-        shown.setdefault(uid, set()).update(_CODE.findall(body.get_content()))
-    return shown
-
-
-def card_codes(db_url: str, year: int) -> dict[int, str]:
-    rows = query(
-        db_url,
-        "SELECT idempotency_key, gift_code FROM gift_card WHERE idempotency_key LIKE %s",
-        f"birthday:{year}:%",
-    )
-    return {int(str(key).rsplit(":", 1)[1]): str(code) for key, code in rows}
-
-
-def ledger_states(db_url: str, year: int) -> Counter[int]:
-    rows = query(
-        db_url,
-        "SELECT state, COUNT(*) FROM batchrun_ledger WHERE job = 'birthday' AND once_key = %s "
-        "GROUP BY state",
-        str(year),
-    )
-    return Counter({int(state): int(count) for state, count in rows})
 
 
 def status_of(env: dict[str, str], month: str) -> dict[str, Any]:
@@ -153,50 +75,6 @@ def status_of(env: dict[str, str], month: str) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr
     data: dict[str, Any] = json.loads(result.stdout)
     return data
-
-
-def summary_of(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    """The one JSON object a ``--json`` command printed on stdout."""
-    assert result.stdout.strip(), f"no JSON summary (exit {result.returncode}): {result.stderr}"
-    data: dict[str, Any] = json.loads(result.stdout)
-    return data
-
-
-def assert_month_complete(
-    db_url: str,
-    server: SmtpTestServer,
-    *,
-    year: int,
-    want: set[int],
-    skipped: int,
-    max_duplicates: int,
-    where: str,
-) -> int:
-    """The invariants after a month completed; returns the duplicate emails seen."""
-    assert card_counts(db_url, year) == dict.fromkeys(want, 1), f"one card each ({where})"
-    per_user = server.sends_per_user(year)
-    assert set(per_user) == want, (
-        f"every eligible user emailed, nobody else ({where}): "
-        f"missing {sorted(want - set(per_user))[:10]}, extra {sorted(set(per_user) - want)[:10]}"
-    )
-    duplicates = sum(n - 1 for n in per_user.values())
-    assert duplicates <= max_duplicates, f"{duplicates} duplicates > {max_duplicates} ({where})"
-    codes = card_codes(db_url, year)
-    shown = codes_in_mail(server, year)
-    wrong = {uid: got for uid, got in shown.items() if got != {_grouped(codes[uid])}}
-    assert not wrong, f"every email (duplicates too) shows the user's one card ({where}): {wrong}"
-    states = ledger_states(db_url, year)
-    expected = Counter({int(State.SUCCEEDED): len(want)})
-    if skipped:
-        expected[int(State.SKIPPED)] = skipped
-    assert states == expected, f"ledger ({where})"
-    held = query(
-        db_url,
-        "SELECT COUNT(*) FROM batchrun_ledger WHERE once_key = %s AND owner IS NOT NULL",
-        str(year),
-    )
-    assert held == [(0,)], f"no claim left behind ({where})"
-    return duplicates
 
 
 def display_name(raw: bytes) -> str:
@@ -210,17 +88,6 @@ def display_name(raw: bytes) -> str:
     parsed = email.message_from_bytes(raw, policy=email.policy.default)
     (address,) = parsed["To"].addresses
     return str(address.display_name)
-
-
-def _grouped(code: str) -> str:
-    return "-".join(code[i : i + 4] for i in range(0, len(code), 4))
-
-
-def _seed_users(db_url: str, env: dict[str, str], users: int, seed: int) -> None:
-    migrate = run_cli("db", "migrate", env=env)
-    assert migrate.returncode == 0, migrate.stderr
-    seeded = run_cli("db", "seed", "--users", str(users), "--seed", str(seed), env=env)
-    assert seeded.returncode == 0, seeded.stderr
 
 
 # -- 1. crash anywhere ----------------------------------------------------------------------
@@ -271,7 +138,7 @@ def crash_anywhere(
     """
     rng = random.Random(seed)
     env = cli_env(db_url, server.url, **(extra_env or {}))
-    _seed_users(db_url, env, users, seed)
+    cli_seed_users(db_url, env, users, seed)
     want = want_ids(db_url)
     eligible = eligible_ids(db_url, 6)
     report = CrashReport(seed=seed, eligible=len(eligible))
@@ -460,7 +327,7 @@ def test_database_connections_killed_mid_run(
 ) -> None:
     database = urlsplit(mysql_url).path.lstrip("/")
     env = cli_env(mysql_url, smtp_server.url)
-    _seed_users(mysql_url, env, 3000, seed=31)
+    cli_seed_users(mysql_url, env, 3000, seed=31)
     want = want_ids(mysql_url)
     eligible = eligible_ids(mysql_url, 6)
     smtp_server.set_latency(0.01)
@@ -511,7 +378,7 @@ def test_database_connections_killed_during_a_retry_drain(
 ) -> None:
     database = urlsplit(mysql_url).path.lstrip("/")
     env = cli_env(mysql_url, smtp_server.url)
-    _seed_users(mysql_url, env, 3000, seed=32)
+    cli_seed_users(mysql_url, env, 3000, seed=32)
     want = want_ids(mysql_url)
     eligible = eligible_ids(mysql_url, 6)
     emails = dict(query(mysql_url, "SELECT email, id FROM user WHERE birth_month = 6"))
@@ -588,7 +455,7 @@ def test_mail_server_dies_or_hangs_mid_run(
         env = cli_env(db_url, f"{server.url}?timeout=1")
     else:
         env = cli_env(db_url, server.url, BATCHRUN_MAIL_TIMEOUT_S="1")
-    _seed_users(db_url, env, 3000, seed=33)
+    cli_seed_users(db_url, env, 3000, seed=33)
     want = want_ids(db_url)
     eligible = eligible_ids(db_url, 6)
     started = time.monotonic()
@@ -639,7 +506,7 @@ def test_mail_server_dies_or_hangs_mid_run(
     per_user = delivered + after
     assert set(per_user) == want, f"{fault}: nothing lost"
     assert sum(n - 1 for n in per_user.values()) <= concurrency, f"{fault}: {per_user}"
-    assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
+    assert_one_card_each(db_url, want)
     assert ledger_states(db_url, 2025) == Counter(
         {int(State.SUCCEEDED): len(want), int(State.SKIPPED): len(eligible - want)}
     )
@@ -665,7 +532,7 @@ def test_retry_queue_unreachable_keeps_failures_in_the_ledger(
     try:
         queue_url = make_sqs_queues(moto)
         env = cli_env(mysql_url, smtp_server.url, BATCHRUN_RETRY_QUEUE=queue_url, **moto.env)
-        _seed_users(mysql_url, env, 3000, seed=34)
+        cli_seed_users(mysql_url, env, 3000, seed=34)
         want = want_ids(mysql_url)
         eligible = eligible_ids(mysql_url, 6)
         ordered = sorted(want)
@@ -808,7 +675,7 @@ def test_poison_messages_are_dead_lettered_with_the_reason_logged(
     # PostgreSQL text cannot hold a NUL at all (batchrun's own JSON bodies escape it).
     nul = "\ufffd" if db_url.startswith("postgres") else "\x00"
     poison = {label: body.replace("\x00", nul) for label, body in POISON.items()}
-    _seed_users(db_url, env, 1000, seed=35)
+    cli_seed_users(db_url, env, 1000, seed=35)
     want = want_ids(db_url)
     victim = min(want)
     (email,) = query(db_url, "SELECT email FROM user WHERE id = %s", victim)[0]
@@ -850,7 +717,7 @@ def test_poison_messages_on_sqs_go_to_the_dead_letter_queue(
     moto_server.reset()
     queue_url = make_sqs_queues(moto_server)
     env = cli_env(mysql_url, smtp_server.url, BATCHRUN_RETRY_QUEUE=queue_url, **moto_server.env)
-    _seed_users(mysql_url, env, 300, seed=36)
+    cli_seed_users(mysql_url, env, 300, seed=36)
     sqs = aws_client(moto_server)
     bodies = {label: body for label, body in POISON.items() if body}  # SQS refuses empty ones
     bodies["a 200 KiB body"] = _retry(reason="y" * 200_000)

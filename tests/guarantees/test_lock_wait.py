@@ -20,17 +20,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from support.cli import run_cli
+from support.birthday import eligible_ids, want_ids
+from support.checks import assert_month_complete
+from support.cli import cli_env, run_cli, spawn, wait_until
 from support.db import mysql_connect, pg_connect, query
 from support.smtp_server import SmtpTestServer
-from test_faults import (
-    assert_month_complete,
-    cli_env,
-    eligible_ids,
-    spawn,
-    wait_until,
-    want_ids,
-)
 
 HOLD_S = 40.0
 CONCURRENCY = 5

@@ -40,12 +40,11 @@ import pytest
 from cfnlint.decode import decode
 from support import ROOT
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
-from support.birthday import card_counts, seed_users
-from support.cli import run_cli
+from support.birthday import card_counts, seed_users, user_of
+from support.cli import cli_env, run_cli, summary_of
 from support.db import MYSQL_URL, query, table_digest
 from support.periods import month
 from support.smtp_server import SmtpTestServer
-from test_faults import cli_env, summary_of, user_of
 
 from batchrun import aws_lambda
 from batchrun.db.sql import load

@@ -27,10 +27,11 @@ from urllib.parse import urlsplit
 
 import pytest
 from support import ROOT
-from support.cli import run_cli
+from support.birthday import eligible_ids, want_ids
+from support.checks import assert_month_complete
+from support.cli import cli_env, cli_seed_users, run_cli
 from support.smtp_server import SmtpTestServer
 from support.tcp_proxy import TcpProxy
-from test_faults import _seed_users, assert_month_complete, cli_env, eligible_ids, want_ids
 
 SOAK = os.environ.get("BATCHRUN_SOAK") == "1"
 pytestmark = [
@@ -99,7 +100,7 @@ def test_soak_two_runs_one_skewed_through_a_reply_dropping_proxy(
 ) -> None:
     rng = random.Random(SEED)
     env = cli_env(server_url, smtp_server.url, BATCHRUN_LEASE_S=LEASE_S)
-    _seed_users(server_url, env, 6000, SEED)
+    cli_seed_users(server_url, env, 6000, SEED)
     want = want_ids(server_url)
     eligible = eligible_ids(server_url, 6)
     report = SkewReport(SEED, float(LEASE_S), SKEW, DROP_CHANCE, eligible=len(eligible))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from support.birthday import birthday_scope, card_counts, eligible_ids, seed_users, status_of
+from support.checks import assert_one_card_and_one_email_each
 from support.db import query, table_digest
 from support.periods import month
 from support.smtp_server import SmtpTestServer
@@ -45,8 +46,7 @@ async def test_month_completes_once_and_a_rerun_does_nothing(
     assert summary.cards_created == summary.emails_sent == len(want)
     assert summary.eligible == len(eligible_ids(db_url, 6))
     assert summary.skipped == summary.eligible - len(want)
-    assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
-    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
+    assert_one_card_and_one_email_each(db_url, smtp_server, want)
 
     again = await job.run(JUNE, Options(concurrency=20, page_size=100))
     assert (again.eligible, again.cards_created, again.emails_sent) == (0, 0, 0)
@@ -91,8 +91,7 @@ async def test_two_runs_at_once_partition_the_month(
     assert a.cards_created + b.cards_created == len(want)
     assert a.emails_sent + b.emails_sent == len(want)
     assert a.emails_sent > 0 and b.emails_sent > 0, "both runs should have done some work"
-    assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
-    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
+    assert_one_card_and_one_email_each(db_url, smtp_server, want)
 
 
 async def test_temporary_failures_exit_3_and_retry_completes_the_month(
@@ -125,8 +124,7 @@ async def test_temporary_failures_exit_3_and_retry_completes_the_month(
     assert result.remaining == 0 and result.exit_code == 0
     status = await status_of(job, month(2025, 6))
     assert (status.pending, status.emails_sent) == (0, len(want))
-    assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
-    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
+    assert_one_card_and_one_email_each(db_url, smtp_server, want)
 
 
 async def test_permanent_failure_is_recorded_dead_lettered_and_never_retried(
@@ -249,8 +247,7 @@ async def test_mail_server_down_trips_the_breaker_and_loses_nothing(
     assert result.failed == 0 and result.remaining == 0
     status = await status_of(up, month(2025, 6))
     assert status.pending == 0
-    assert card_counts(db_url, 2025) == dict.fromkeys(want, 1)
-    assert smtp_server.sends_per_user() == Counter(dict.fromkeys(want, 1))
+    assert_one_card_and_one_email_each(db_url, smtp_server, want)
 
 
 async def test_a_dead_runs_claims_are_taken_over_when_they_expire(

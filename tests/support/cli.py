@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from typing import Any
 
 from support import ROOT
+
+SENDER = "birthday@example.com"
 
 
 def run_cli(
@@ -47,3 +53,56 @@ def run_cli(
         check=check,
         cwd=ROOT,
     )
+
+
+def cli_env(db_url: str, mail_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a batchrun subprocess: short leases so reruns wait little."""
+    return {
+        "BATCHRUN_DB": db_url,
+        "BATCHRUN_MAIL": mail_url,
+        "BATCHRUN_FROM": SENDER,
+        "BATCHRUN_LEASE_S": "1",
+        "BATCHRUN_RETRY_BASE_S": "0",
+        "COLUMNS": "400",  # rich wraps log lines at the terminal width; keep one per line
+        **extra,
+    }
+
+
+def spawn(
+    *args: str, env: dict[str, str], stdout: Any = subprocess.DEVNULL
+) -> subprocess.Popen[str]:
+    """Start ``python -m batchrun ARGS`` without waiting (to kill it, or to act meanwhile)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")} | env
+    return subprocess.Popen(
+        [sys.executable, "-m", "batchrun", *args],
+        env=full,
+        cwd=ROOT,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_until(done: Callable[[], bool], *, timeout: float, step: float = 0.005) -> bool:
+    """Poll ``done`` until it holds or ``timeout`` passes; return whether it held."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if done():
+            return True
+        time.sleep(step)
+    return done()
+
+
+def summary_of(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The one JSON object a ``--json`` command printed on stdout."""
+    assert result.stdout.strip(), f"no JSON summary (exit {result.returncode}): {result.stderr}"
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def cli_seed_users(db_url: str, env: dict[str, str], users: int, seed: int) -> None:
+    """`db migrate` then `db seed` of ``users`` demo users, through the CLI."""
+    migrate = run_cli("db", "migrate", env=env)
+    assert migrate.returncode == 0, migrate.stderr
+    seeded = run_cli("db", "seed", "--users", str(users), "--seed", str(seed), env=env)
+    assert seeded.returncode == 0, seeded.stderr
