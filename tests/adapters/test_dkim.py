@@ -122,7 +122,7 @@ def test_a_signed_message_verifies_and_covers_both_list_fields(
 
 
 def test_folded_headers_sign_and_verify(key_file: Path, dns: Callable[..., bytes | None]) -> None:
-    """A 1,225-byte ASCII subject and a long plain name are folded (issue 20, point 9);
+    """A 1,225-byte ASCII subject and a long plain name are folded;
     the signature covers the folded fields and still verifies."""
     subject = " ".join(f"word{n:03d}" for n in range(160))[:1225]
     long = replace(message(), subject=subject, to_name=" ".join(["Bartholomew"] * 16))

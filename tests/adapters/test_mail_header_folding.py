@@ -1,5 +1,5 @@
 """Long names and subjects: RFC 2047 encoded words of at most 75 characters, folded so
-that no header line holding one is longer than 78 (issue point 6: a 200-emoji name made a
+that no header line holding one is longer than 78 (a 200-emoji name unfolded makes a
 1,100-byte To line, which a server refuses with ``500 Line too long``)."""
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ async def test_a_200_emoji_name_is_accepted_by_a_real_smtp_server(
     assert address.display_name == "🎂" * 200
     assert max(len(line) for line in received.raw.split(b"\r\n")) <= 78
 
-    # The same message with its To header on one line, as before the fix: refused.
+    # The same message with its To header unfolded onto one line: the server refuses it.
     unfolded = FOLD_BETWEEN_WORDS.sub(b"?= =?", message.to_bytes())
     assert max(len(line) for line in unfolded.split(b"\r\n")) > 1000
     async with aiosmtplib.SMTP(hostname=HOST, port=smtp_server.port, timeout=10) as client:
@@ -197,7 +197,7 @@ def test_random_text_is_cut_into_full_words_of_whole_characters() -> None:
             assert len(longer) > (room if i == 0 else 75), (piece, following)
 
 
-# -- ASCII headers (issue 20, point 9): folded at spaces, RFC 5322 section 2.2.3 -----------
+# -- ASCII headers: folded at spaces, RFC 5322 section 2.2.3 --------------------------------
 
 LONG_SUBJECT = " ".join(f"word{n:03d}" for n in range(160))[:1225]  # 1,225 bytes of ASCII
 
@@ -259,7 +259,7 @@ async def test_a_1225_byte_ascii_subject_is_accepted_by_a_real_smtp_server(
     assert max(len(line) for line in received.raw.split(b"\r\n")) <= 78
     assert read_as_a_client(received.raw)["Subject"] == LONG_SUBJECT
 
-    # On one line, as before: the server refuses it, as the issue saw.
+    # The same subject unfolded onto one line: the server refuses it.
     head, sep, body = message.to_bytes().partition(b"\r\n\r\n")
     unfolded = head.replace(b"\r\n ", b" ") + sep + body
     async with aiosmtplib.SMTP(hostname=HOST, port=smtp_server.port, timeout=10) as client:

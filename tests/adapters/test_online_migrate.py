@@ -37,7 +37,7 @@ BATCHRUN_TABLES = {
     "batchrun_backend_slot",
 }
 STALL_ROWS = 200_000
-MAX_WAIT_S = 0.5  # the bound for any application write during the migration
+MAX_WAIT_S = 0.5  # the longest any application write may wait during the migration
 
 
 def migrate(db_url: str, *args: str) -> Result:

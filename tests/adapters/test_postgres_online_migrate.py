@@ -21,7 +21,7 @@ from batchrun.jobs.birthday.explain import verdict
 
 INDEX = "idx_user_birth_month_status_id"
 ROWS = 200_000
-MAX_WAIT_S = 0.5  # the issue's bound on any application write during the migration
+MAX_WAIT_S = 0.5  # the longest any application write may wait during the migration
 # The seed's tables as an application already has them, before batchrun's migrate.
 APP_SCHEMA = """
 CREATE TABLE "user" (

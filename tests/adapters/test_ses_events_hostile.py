@@ -1,4 +1,4 @@
-"""Hostile SES events (issue 20, point 5): each record stands alone, so crafted ones are
+"""Hostile SES events: each record stands alone, so crafted ones are
 dead-lettered (CLI) or reported failed (Lambda) alone and the genuine permanent bounces
 beside them are applied; addresses are keyed in one form (IDNA, NFC, case-folded); the
 Lambda applies SES events only from BATCHRUN_EVENTS_QUEUE (and BATCHRUN_EVENTS_TOPIC)."""
@@ -36,7 +36,7 @@ TOPIC = "arn:aws:sns:us-east-1:123456789012:batchrun-ses-events"
 
 
 def crafted() -> list[str]:
-    """Bodies made to break the consumer, each as the issue found them (and one more)."""
+    """Bodies made to break the consumer: each must fail alone."""
     return [
         # an X-Batchrun-Id (and Message-ID) naming a 19-digit id, over BIGINT's range
         sample(

@@ -1,4 +1,4 @@
-"""Opening a SQLite file only to read it leaves its bytes as they were (issue point 8).
+"""Opening a SQLite file only to read it leaves its bytes as they were.
 
 ``PRAGMA journal_mode = WAL`` rewrites the file's header, so only the migrate path (the
 ``create=True`` open of ``batchrun db migrate``) runs it; SQLite keeps the mode in the

@@ -1,4 +1,4 @@
-"""One address key everywhere (issue 20, point 5): rows a suppression list stored before the
+"""One address key everywhere: rows a suppression list stored before the
 key took its present form (local part as given, Unicode domain lower-cased) still match
 after `db migrate`, which rewrites them once (step migrate_0040_suppression_keys)."""
 

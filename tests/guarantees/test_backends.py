@@ -1,4 +1,4 @@
-"""Named backends (#22, its "Backends" half): ``batchrun.Backend`` and its pieces (unit
+"""Named backends: ``batchrun.Backend`` and its pieces (unit
 tests, fake clocks), then real servers: a shared slot across processes and a killed
 holder, a busy backend (seed 001, ``examples/busy_backend``) behind ``batchrun worker``
 processes and behind the SQS-triggered Lambda, and busy give-backs that never reach a

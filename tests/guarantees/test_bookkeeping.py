@@ -1,4 +1,4 @@
-"""Bookkeeping (issue points 3, 4, 5, 7, 8, and "Jobs you define"): what the retry queue,
+"""Bookkeeping: what the retry queue,
 the ledger, ``status`` and the exit codes say after failures, limits, outages and signals.
 
 Each test runs ``python -m batchrun`` as a subprocess, against a real SQLite file or MariaDB
@@ -210,7 +210,7 @@ def test_two_limited_runs_against_a_dead_mailer_then_one_retry(
     before = status(dead)
     assert before["retry_queue_depth"] == before["retrying"] == len(waiting), before
 
-    # The one duplicate the old code made for every user: counted once, emailed once.
+    # A second retry message for a waiting user: counted once, emailed once.
     ((body,),) = query(db_url, "SELECT body FROM batchrun_queue WHERE dead = 0 ORDER BY id LIMIT 1")
     put_on_queue(db_url, str(body))
 

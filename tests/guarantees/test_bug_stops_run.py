@@ -1,4 +1,4 @@
-"""Bugs stop fast (#20 item 8): a template that does not compile stops a run (and a dry
+"""Bugs stop fast: a template that does not compile stops a run (and a dry
 run) before anything is claimed; the same error for BATCHRUN_BUG_THRESHOLD entities in a
 row stops it with those queued once and the rest left pending."""
 

@@ -1,4 +1,4 @@
-"""Leases on the database server's clock (issue 20, item 1): a host whose clock runs ahead
+"""Leases on the database server's clock: a host whose clock runs ahead
 does not take over claims a live run holds.
 
 Two ``batchrun birthday --concurrency 10`` processes against one database, the second

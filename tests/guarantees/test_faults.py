@@ -1,4 +1,4 @@
-"""Fault injection (issue 7): crashes anywhere, a killed database connection, a mail server
+"""Fault injection: crashes anywhere, a killed database connection, a mail server
 that dies or hangs, an unreachable retry queue, poison messages and hostile data.
 
 Everything is real: MariaDB (and SQLite files), the aiosmtpd server of ``smtp_server.py``,

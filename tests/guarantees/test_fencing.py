@@ -1,10 +1,10 @@
 """Fencing: a run that loses its claims stops working on them.
 
-The tracker's issue: a run whose claims expired while it could not renew them (its
-heartbeat waiting on a row lock another session held, or the whole process paused) went on
-sending to users a second run had taken over meanwhile, and `retry` never renewed its
-claims at all. Each scenario here disturbs one run, "the victim", the way the issue did,
-scaled down (a 3 s lease, ``--rate`` to make runs last), with real ``python -m batchrun``
+A run whose claims expire while it cannot renew them (its heartbeat waiting on a row lock
+another session holds, or the whole process paused) must not go on sending to users a
+second run took over meanwhile, and `retry` renews its claims as a run does. Each scenario
+here disturbs one run, "the victim", in one of those ways, scaled down (a 3 s lease,
+``--rate`` to make runs last), with real ``python -m batchrun``
 processes, MariaDB (and SQLite), and the aiosmtpd server of ``smtp_server.py``:
 
 - row-lock: another session holds ``SELECT ... FOR UPDATE`` on a ledger row of A's, so
@@ -178,7 +178,7 @@ RATE = 8.0  # about 90 eligible users: some 11 s of sending for one run alone
 
 
 def row_lock(race: Race, *, outlast_b: bool = False) -> None:
-    """The issue's first case: another session holds ``SELECT ... FOR UPDATE`` on the ledger
+    """A blocked heartbeat: another session holds ``SELECT ... FOR UPDATE`` on the ledger
     row of A's last claimed user; A's heartbeat (one range UPDATE) waits on that lock and
     fails (the lock wait is bounded), A's lease expires, B starts and takes the users over.
 
@@ -275,7 +275,7 @@ def start_retry(race: Race) -> subprocess.Popen[str]:
 
 
 def retry_race(race: Race) -> None:
-    """The issue's second case: ``retry --rate 1`` holds its claims for longer than a lease
+    """A slow retry: ``retry --rate 1`` holds its claims for longer than a lease
     while a ``birthday`` started meanwhile looks for unfinished users."""
     queue_everyone(race)
     start_retry(race)

@@ -1,4 +1,4 @@
-"""Lock waits and terminated backends (issue 20, items 3 and 4): a run goes on.
+"""Lock waits and terminated backends: a run goes on.
 
 - Another session holds one of the run's ledger rows ``SELECT … FOR UPDATE`` for 40 s,
   far past batchrun's lock wait timeout (2 s a try) and its 15 s lease: the heartbeat

@@ -1,4 +1,4 @@
-"""Lost replies (issue 20, item 2): batchrun never runs a job's statement again after its
+"""Lost replies: batchrun never runs a job's statement again after its
 reply was lost, and a re-run of its own ``finish`` is not mistaken for a lost claim.
 
 A TCP proxy on loopback (``tcp_proxy.py``) stands between a ``batchrun`` subprocess and the

@@ -1,5 +1,5 @@
 """Checks before any effect, a failing tiny run that ends at once, one retry message per
-entity, and a migrate that leaves nothing half made (issue 12).
+entity, and a migrate that leaves nothing half made.
 
 A broken setup (an outbox that is a file or cannot be written, an SMTP server nobody runs,
 an SES endpoint that is down, an SQS queue that does not exist) is found before the run

@@ -1,4 +1,4 @@
-"""Queue faults (#20 items 6 and 7): a task for an entity the page does not return changes
+"""Queue faults: a task for an entity the page does not return changes
 nothing; a message for a job this process does not know stays on the queue; dead letters
 are listed, redriven and purged (local queue and SQS)."""
 

@@ -1,4 +1,4 @@
-"""Security (issue 7): gift codes, SQL built only from named queries, no secret in any output,
+"""Security: gift codes, SQL built only from named queries, no secret in any output,
 no header injection, an owner-only outbox, and a Lambda role that grants what the code calls.
 
 Elsewhere already: the outbox's modes in-process (tests/adapters/test_mail.py::

@@ -1,4 +1,4 @@
-"""The long fault-injection variants (issue 7): ``make soak``, never ``make test`` nor CI.
+"""The long fault-injection variants: ``make soak``, never ``make test`` nor CI.
 
 Skipped unless ``BATCHRUN_SOAK=1``. Sizes from the environment:
 

@@ -1,4 +1,4 @@
-"""The soak with a skewed clock and lost replies (issue 20): ``make soak``, never CI.
+"""The soak with a skewed clock and lost replies: ``make soak``, never CI.
 
 Skipped unless ``BATCHRUN_SOAK=1``. Each iteration is its own year of June on MariaDB and
 on PostgreSQL: two ``birthday --concurrency 10`` runs through a TCP proxy on loopback

@@ -1,4 +1,4 @@
-"""Tasks an application submits (#22): each (job, key) once, one entity's tasks one at a
+"""Tasks an application submits: each (job, key) once, one entity's tasks one at a
 time and in submission order, across worker processes; the client, the CLI, status."""
 
 from __future__ import annotations

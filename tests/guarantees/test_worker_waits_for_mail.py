@@ -1,4 +1,4 @@
-"""`batchrun worker` started while the mail server is down waits for it (#20 item 10):
+"""`batchrun worker` started while the mail server is down waits for it:
 backoff up to 30 s, one log line per change, and it serves once the server is back."""
 
 from __future__ import annotations

@@ -282,7 +282,7 @@ def test_empty_sqlite_file_is_not_migrated(env: dict[str, str], db_file: Path) -
     result = invoke("birthday", "--month", "2025-03", "--json", env=env)
     out = assert_clean_failure(result, 1)
     assert "batchrun db migrate" in out
-    # --json still prints one object: the run that never started, and why (issue 20)
+    # --json still prints one object: the run that never started, and why
     data = json.loads(result.stdout)
     assert "batchrun db migrate" in data["error"]
     assert (data["job"], data["period"]) == ("birthday", "2025-03")
@@ -323,7 +323,7 @@ def test_dropped_batchrun_table(
     out = assert_clean_failure(result, 1)
     assert "batchrun db migrate" in out
     assert len(lines(ANSI.sub("", result.stderr))) == 1, out
-    if "--json" in command:  # and the run's JSON, with the same error (issue 20)
+    if "--json" in command:  # and the run's JSON, with the same error
         assert "batchrun db migrate" in json.loads(result.stdout)["error"]
     else:
         assert result.stdout == "", out

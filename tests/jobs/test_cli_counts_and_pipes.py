@@ -1,4 +1,4 @@
-"""Output that tells the truth (issue 24): counts that add up, checked against the ledger,
+"""Output that tells the truth: counts that add up, checked against the ledger,
 and output that stays whole when stdout or stderr is a pipe, at 40 columns as at 300.
 """
 

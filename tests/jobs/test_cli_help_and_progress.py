@@ -1,4 +1,4 @@
-"""The first ten minutes (issue 14): help that reads as written, a summary without the zero
+"""The first ten minutes: help that reads as written, a summary without the zero
 rows nobody asked about (the JSON keeps them), a labelled progress bar whose total the
 stopped run's closing line repeats, and ``db explain``'s one-line verdict.
 """
@@ -34,7 +34,7 @@ __all__ = ["_restore_root_logger", "env"]  # test_cli's fixtures, for these test
 
 # -- help ------------------------------------------------------------------------------------
 
-# The sentence issue 14 saw broken over three lines ("… done,⏎ 3 when⏎ some failed …").
+# A sentence of the help that must stay on one line (not "… done,⏎ 3 when⏎ some failed …").
 SENTENCE = "Exit 0 when every user is done, 3 when some failed and wait in the retry queue"
 
 

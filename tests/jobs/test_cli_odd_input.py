@@ -1,4 +1,4 @@
-"""The small odd inputs of issue 20 (point 11), each one clear line and the contract's exit
+"""Small odd inputs, each one clear line and the contract's exit
 code: text with rich markup in it, a --jobs module that calls sys.exit(0), a MySQL URL
 with a bad connect_timeout, and a backslash-escaped quote in a MySQL string literal."""
 

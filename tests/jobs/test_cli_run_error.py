@@ -1,4 +1,4 @@
-"""A run that ends on an error (issue 20, item 3): one ``error:`` line on stderr, a
+"""A run that ends on an error: one ``error:`` line on stderr, a
 traceback only with ``-v``, and with ``--json`` still its JSON summary with ``"error"``."""
 
 from __future__ import annotations
