@@ -213,3 +213,25 @@ async def make_job(
     for database, mailer in opened:
         await mailer.close()
         await database.close()
+
+
+@pytest.fixture
+def restore_root_logger() -> Iterator[None]:
+    """The CLI installs a rich handler on the root logger; leave it as we found it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """A CLI environment: a SQLite database and a file outbox inside this test's
+    directory (modules that need another override it)."""
+    return {
+        "BATCHRUN_DB": f"sqlite:///{tmp_path / 'cli.db'}",
+        "BATCHRUN_MAIL": f"file://{tmp_path / 'outbox'}",
+        "BATCHRUN_FROM": "birthday@example.com",
+        "BATCHRUN_LEASE_S": "2",
+    }

@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import os
 import re
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import Result
 from support.birthday import eligible_ids
-from support.cli import run_cli
+from support.cli import ANSI, assert_clean_failure, invoke, migrate_and_seed, run_cli, text
 from support.db import query, table_digest
 from typer.testing import CliRunner
 
@@ -50,46 +46,13 @@ STATUS_KEYS = {
     "retry_queue_depth",
     "dead_letter_depth",
 }
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+pytestmark = pytest.mark.usefixtures("restore_root_logger")
+
 VALID = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+")
-
-
-@pytest.fixture(autouse=True)
-def _restore_root_logger() -> Iterator[None]:
-    """The CLI installs a rich handler on the root logger; leave it as we found it."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-def invoke(*args: str, env: dict[str, str]) -> Result:
-    """Run the CLI in-process with ``env`` on top of the environment minus BATCHRUN_*."""
-    full: dict[str, str | None] = {k: None for k in os.environ if k.startswith("BATCHRUN_")}
-    full.update({"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
-    full.update(env)
-    return CliRunner().invoke(app, list(args), env=full)
-
-
-def text(result: Result) -> str:
-    return ANSI.sub("", result.output)
 
 
 def lines(output: str) -> list[str]:
     return [line for line in output.splitlines() if line.strip()]
-
-
-def assert_clean_failure(result: Result, code: int) -> str:
-    """Exit ``code`` through the CLI's own handling: no escaped exception, no traceback."""
-    out = text(result)
-    assert result.exit_code == code, out
-    assert result.exception is None or isinstance(result.exception, SystemExit), (
-        repr(result.exception),
-        out,
-    )
-    assert "Traceback" not in out
-    return out
 
 
 def outbox_files(outbox: Path) -> list[Path]:
@@ -101,17 +64,6 @@ def outbox_digest(outbox: Path) -> dict[str, str]:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    """A SQLite database and a file outbox inside this test's directory."""
-    return {
-        "BATCHRUN_DB": f"sqlite:///{tmp_path / 'cli.db'}",
-        "BATCHRUN_MAIL": f"file://{tmp_path / 'outbox'}",
-        "BATCHRUN_FROM": "birthday@example.com",
-        "BATCHRUN_LEASE_S": "2",
-    }
-
-
-@pytest.fixture
 def outbox(tmp_path: Path) -> Path:
     return tmp_path / "outbox"
 
@@ -119,13 +71,6 @@ def outbox(tmp_path: Path) -> Path:
 @pytest.fixture
 def db_file(env: dict[str, str]) -> Path:
     return Path(sqlite_path(env["BATCHRUN_DB"]))
-
-
-def migrate_and_seed(env: dict[str, str], users: int = 600, seed: int = 3) -> None:
-    result = invoke("db", "migrate", env=env)
-    assert result.exit_code == 0, text(result)
-    result = invoke("db", "seed", "--users", str(users), "--seed", str(seed), env=env)
-    assert result.exit_code == 0, text(result)
 
 
 def invalid_ids(db_url: str, month: int) -> set[int]:

@@ -11,16 +11,15 @@ from pathlib import Path
 import pytest
 from support import ROOT
 from support.birthday import eligible_ids
-from support.cli import run_cli
+from support.cli import invoke, migrate_and_seed, run_cli, text
 from support.db import query
 from support.smtp_server import SmtpTestServer, fail_recipients
-from test_cli import _restore_root_logger, env, invoke, migrate_and_seed, text
 
 from batchrun.cli import app
 from batchrun.cli.conventions import commands_without_examples, plain_lines
 from batchrun.unsubscribe import Signer
 
-__all__ = ["_restore_root_logger", "env"]
+pytestmark = pytest.mark.usefixtures("restore_root_logger")
 
 BOX = re.compile(r"[\u2500-\u257f]")  # box drawing
 LONG = "a.very.long.local.part.that.goes.on.and.on@a-very-long-domain-name.example.com"

@@ -21,16 +21,15 @@ import pytest
 import typer
 from support import ROOT
 from support.birthday import eligible_ids
-from support.cli import run_cli
+from support.cli import ANSI, invoke, migrate_and_seed, run_cli, text
 from support.db import query
 from support.smtp_server import SmtpTestServer, fail_recipients
-from test_cli import ANSI, _restore_root_logger, env, invoke, migrate_and_seed, text
 
 from batchrun.cli import app
 from batchrun.cli.conventions import reflow
 from batchrun.jobs.birthday.explain import INDEX, verdict
 
-__all__ = ["_restore_root_logger", "env"]  # test_cli's fixtures, for these tests too
+pytestmark = pytest.mark.usefixtures("restore_root_logger")
 
 # -- help ------------------------------------------------------------------------------------
 

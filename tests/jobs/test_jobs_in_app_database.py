@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from support import ROOT
-from test_cli import _restore_root_logger, assert_clean_failure, invoke, text
+from support.cli import assert_clean_failure, invoke, text
 
 RENEWAL = str(ROOT / "examples" / "renewal" / "renewal.py")
 NOTE = "job 'birthday' needs user, gift_card"
 
-__all__ = ["_restore_root_logger"]  # the CLI's logging handler is taken off after each test
+pytestmark = pytest.mark.usefixtures("restore_root_logger")
 
 
 @pytest.fixture

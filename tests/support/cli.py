@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,9 +12,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from click.testing import Result
+from typer.testing import CliRunner
+
+from batchrun.cli import app
 from support import ROOT
 
 SENDER = "birthday@example.com"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def run_cli(
@@ -106,3 +112,37 @@ def cli_seed_users(db_url: str, env: dict[str, str], users: int, seed: int) -> N
     assert migrate.returncode == 0, migrate.stderr
     seeded = run_cli("db", "seed", "--users", str(users), "--seed", str(seed), env=env)
     assert seeded.returncode == 0, seeded.stderr
+
+
+# -- in-process, through typer's CliRunner ------------------------------------------------
+
+
+def invoke(*args: str, env: dict[str, str]) -> Result:
+    """Run the CLI in-process with ``env`` on top of the environment minus BATCHRUN_*."""
+    full: dict[str, str | None] = {k: None for k in os.environ if k.startswith("BATCHRUN_")}
+    full.update({"COLUMNS": "200", "TERMINAL_WIDTH": "200", "NO_COLOR": "1"})
+    full.update(env)
+    return CliRunner().invoke(app, list(args), env=full)
+
+
+def text(result: Result) -> str:
+    return ANSI.sub("", result.output)
+
+
+def assert_clean_failure(result: Result, code: int) -> str:
+    """Exit ``code`` through the CLI's own handling: no escaped exception, no traceback."""
+    out = text(result)
+    assert result.exit_code == code, out
+    assert result.exception is None or isinstance(result.exception, SystemExit), (
+        repr(result.exception),
+        out,
+    )
+    assert "Traceback" not in out
+    return out
+
+
+def migrate_and_seed(env: dict[str, str], users: int = 600, seed: int = 3) -> None:
+    result = invoke("db", "migrate", env=env)
+    assert result.exit_code == 0, text(result)
+    result = invoke("db", "seed", "--users", str(users), "--seed", str(seed), env=env)
+    assert result.exit_code == 0, text(result)
