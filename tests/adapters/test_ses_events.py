@@ -14,62 +14,23 @@ from typing import Any
 import pytest
 from support import EVENTS
 from support.aws_server import HOST, MotoServer, aws_client, make_queue_with_dlq
-from support.birthday import seed_users
 from support.cli import run_cli
 from support.db import query
 from support.lambda_context import FakeContext
 from support.periods import month
+from support.ses_events import mailed, mailed_run, sample
 
 from batchrun import aws_lambda
-from batchrun.db import Store, connect
 from batchrun.db.store import State, address_key
 from batchrun.errors import SendingStoppedError
 from batchrun.events import ses as events
-from batchrun.jobs.birthday import Birthday
-from batchrun.mail.base import valid_address
 from batchrun.mail.message import Message
 from batchrun.mail.ses import SesMailer
 from batchrun.queue.sqs import SqsQueue
-from batchrun.runtime import Options, Runtime
 
 SES = EVENTS / "ses"
 JUNE = month(2025, 6)
 SES_ID = "0100017fb1a2c3d4-SESID-000000"
-
-
-def sample(name: str, *, address: str = "nobody@example.com", entity: int = 0) -> str:
-    """A sample event file with its address, entity id and SES message id filled in."""
-    text = (SES / f"{name}.json").read_text()
-    return (
-        text.replace("ADDRESS", address)
-        .replace("ENTITY", str(entity))
-        .replace("SESID", f"SESID{entity}")
-    )
-
-
-def mailed(db_url: str) -> list[tuple[int, str]]:
-    """(id, address) of June's users the run mailed, in id order."""
-    rows = query(
-        db_url,
-        "SELECT u.id, u.email FROM user u JOIN batchrun_ledger l ON l.entity_id = u.id "
-        "WHERE l.job = 'birthday' AND l.period = '2025-06' AND l.state = 1 ORDER BY u.id",
-    )
-    return [(int(r[0]), str(r[1])) for r in rows if valid_address(str(r[1]))]
-
-
-async def mailed_run(make_job: Callable[..., Any], db_url: str, users: int = 120) -> Runtime:
-    """A migrated database whose June birthday run has sent (to files)."""
-    database = await connect(db_url, create=True)
-    try:
-        store = Store(database)
-        await store.migrate([Birthday()])
-        await seed_users(store, users, seed=3)
-    finally:
-        await database.close()
-    runtime: Runtime = await make_job(db_url)
-    summary = await runtime.run(JUNE, Options(concurrency=4))
-    assert summary.succeeded >= 4, summary
-    return runtime
 
 
 # -- the shapes -----------------------------------------------------------------------------

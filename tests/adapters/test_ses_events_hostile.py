@@ -18,7 +18,7 @@ from support.cli import run_cli
 from support.db import query
 from support.lambda_context import FakeContext
 from support.periods import month
-from test_ses_events import mailed, mailed_run, sample
+from support.ses_events import mailed, mailed_run, sample
 
 from batchrun import aws_lambda
 from batchrun.db import Store, connect

@@ -28,7 +28,7 @@ from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
 from support.cli import run_cli
 from support.db import query
 from support.lambda_context import FakeContext
-from test_tasks import EFFECT, JOBS, effects
+from support.tasks import EFFECT, JOBS, effects
 
 import batchrun
 from batchrun.backend import Backend, check_backends

@@ -8,7 +8,6 @@ claims, creates or queues anything: exit 1 and the cause in one stderr line.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -24,7 +23,7 @@ from typing import Any
 import pytest
 from click.testing import Result
 from support.aws_server import MotoServer, answer_with, aws_client
-from support.birthday import seed_users
+from support.birthday import migrate_and_seed_demo, seed_users
 from support.cli import run_cli
 from support.db import query
 from support.periods import month
@@ -32,9 +31,8 @@ from support.smtp_server import SmtpTestServer
 from typer.testing import CliRunner
 
 from batchrun.cli import app
-from batchrun.db import Store, connect
+from batchrun.db import Store
 from batchrun.errors import MailConnectionError, QueueError
-from batchrun.jobs.birthday import Birthday
 from batchrun.mail.file import FileMailer
 from batchrun.mail.ses import SesMailer
 from batchrun.mail.smtp import SmtpMailer
@@ -54,19 +52,6 @@ def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def migrate_and_seed(db_url: str, users: int, seed: int = 12) -> None:
-    async def go() -> None:
-        database = await connect(db_url, create=True)
-        try:
-            store = Store(database)
-            await store.migrate([Birthday()])
-            await seed_users(store, users, seed=seed)
-        finally:
-            await database.close()
-
-    asyncio.run(go())
 
 
 def invoke(*args: str, env: dict[str, str]) -> Result:
@@ -164,7 +149,7 @@ def broken_setups(
 def test_each_broken_setup_is_one_line_exit_1_and_nothing_done(
     sqlite_url: str, broken_setups: dict[str, tuple[dict[str, str], str]]
 ) -> None:
-    migrate_and_seed(sqlite_url, 300)
+    migrate_and_seed_demo(sqlite_url, 300)
     for case, (env, expected) in broken_setups.items():
         result = invoke(
             "birthday", "--month", MONTH, "--json", env={"BATCHRUN_DB": sqlite_url, **env}
@@ -180,7 +165,7 @@ def test_each_broken_setup_is_one_line_exit_1_and_nothing_done(
 
 
 def test_every_command_that_sends_checks_the_mailer_first(mysql_url: str) -> None:
-    migrate_and_seed(mysql_url, 300)
+    migrate_and_seed_demo(mysql_url, 300)
     port = closed_port()
     env = {"BATCHRUN_DB": mysql_url, "BATCHRUN_MAIL": f"smtp://mailer:{PASSWORD}@127.0.0.1:{port}"}
     expected = f"mail: cannot connect to smtp://127.0.0.1:{port}: Connection refused"
@@ -197,7 +182,7 @@ def test_every_command_that_sends_checks_the_mailer_first(mysql_url: str) -> Non
 
 
 def test_submit_checks_the_queue_before_queueing(sqlite_url: str, aws_env: dict[str, str]) -> None:
-    migrate_and_seed(sqlite_url, 10)
+    migrate_and_seed_demo(sqlite_url, 10)
     absent = f"{aws_env['AWS_ENDPOINT_URL']}/123456789012/absent"
     env = {"BATCHRUN_DB": sqlite_url, "BATCHRUN_RETRY_QUEUE": absent, **aws_env}
     line = one_error_line(invoke("submit", "birthday", "--period", MONTH, "--id", "1", env=env))
@@ -207,7 +192,7 @@ def test_submit_checks_the_queue_before_queueing(sqlite_url: str, aws_env: dict[
 def test_a_dry_run_with_a_broken_mailer_still_counts_and_writes_nothing(
     sqlite_url: str, tmp_path: Path
 ) -> None:
-    migrate_and_seed(sqlite_url, 300)
+    migrate_and_seed_demo(sqlite_url, 300)
     notadir = tmp_path / "notadir"
     notadir.write_text("")
     env = {"BATCHRUN_DB": sqlite_url, "BATCHRUN_MAIL": f"file://{notadir}/outbox"}

@@ -4,39 +4,19 @@ time and in submission order, across worker processes; the client, the CLI, stat
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import defaultdict
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT, SUPPORT
 from support.cli import run_cli
 from support.db import query
+from support.tasks import JOBS, effects, migrate_task_jobs, start_workers
 
 import batchrun
 from batchrun.queue.base import QueueMessage
 from batchrun.tasks import BadTask
-
-JOBS = str(SUPPORT / "task_jobs.py")
-EFFECT = (
-    "CREATE TABLE task_effect (entity_id BIGINT NOT NULL, task_key VARCHAR(200) NOT NULL,"
-    " seq INT NOT NULL, started_ns BIGINT NOT NULL, ended_ns BIGINT NOT NULL, pid INT NOT NULL)"
-)
-
-
-def setup(db_url: str) -> dict[str, str]:
-    env = {"BATCHRUN_DB": db_url, "BATCHRUN_JOBS": JOBS, "BATCHRUN_MAIL": "console://"}
-    migrated = run_cli("db", "migrate", env=env)
-    assert migrated.returncode == 0, migrated.stderr
-    query(db_url, EFFECT)
-    return env
-
-
-def effects(db_url: str) -> list[tuple[Any, ...]]:
-    return query(db_url, "SELECT entity_id, task_key, seq, started_ns, ended_ns FROM task_effect")
 
 
 def test_an_entity_task_message_round_trips_and_old_kinds_still_read() -> None:
@@ -48,7 +28,7 @@ def test_an_entity_task_message_round_trips_and_old_kinds_still_read() -> None:
 
 
 def test_each_key_runs_once_and_status_counts(db_url: str) -> None:
-    env = setup(db_url)
+    env = migrate_task_jobs(db_url)
     with batchrun.connect(db=db_url, jobs=JOBS, env={}) as client:
         keys = [client.submit("steps", uid, data={"seq": n}) for uid in (1, 2) for n in range(3)]
         again = client.submit_task("steps", 1, data={"seq": 9}, key=keys[0])
@@ -71,7 +51,7 @@ def test_each_key_runs_once_and_status_counts(db_url: str) -> None:
 def test_the_cli_submits_and_refuses_bad_input_before_queueing(
     sqlite_url: str, tmp_path: Path
 ) -> None:
-    env = setup(sqlite_url)
+    env = migrate_task_jobs(sqlite_url)
     first = run_cli(
         "submit", "steps", "--id", "5", "--key", "a1", "--data", '{"x":1}', "--json", env=env
     )
@@ -97,7 +77,7 @@ def test_the_cli_submits_and_refuses_bad_input_before_queueing(
 
 
 def test_a_retried_task_keeps_its_place_and_a_failed_one_is_dead(sqlite_url: str) -> None:
-    env = setup(sqlite_url)
+    env = migrate_task_jobs(sqlite_url)
     with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
         client.submit("flaky", 1, key="r1")
         client.submit("flaky", 1, key="f1", data={"fail": "always"})
@@ -109,7 +89,10 @@ def test_a_retried_task_keeps_its_place_and_a_failed_one_is_dead(sqlite_url: str
 
 
 def test_a_paused_task_job_waits_then_runs(sqlite_url: str) -> None:
-    env = {**setup(sqlite_url), "BATCHRUN_LEASE_S": "2"}  # a paused task looks again in 2 s
+    env = {
+        **migrate_task_jobs(sqlite_url),
+        "BATCHRUN_LEASE_S": "2",
+    }  # a paused task looks again in 2 s
     with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
         client.submit("steps", 1, key="p1")
     assert run_cli("pause", "steps", env=env).returncode == 0
@@ -120,34 +103,16 @@ def test_a_paused_task_job_waits_then_runs(sqlite_url: str) -> None:
     assert [r[1] for r in effects(sqlite_url)] == ["p1"]
 
 
-def _workers(env: dict[str, str], n: int) -> list[subprocess.Popen[str]]:
-    import os
-
-    full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")}
-    full.update(env)
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "batchrun", "worker", "--idle-exit", "3", "--concurrency", "8"],
-            env=full,
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(n)
-    ]
-
-
 @pytest.mark.parametrize("server", ["mysql", "postgresql"])
 def test_four_workers_200_users_3_tasks_each(server: str, request: pytest.FixtureRequest) -> None:
     db_url: str = request.getfixturevalue(f"{server}_url" if server == "mysql" else "postgres_url")
-    env = setup(db_url)
+    env = migrate_task_jobs(db_url)
     submitted: dict[int, list[str]] = defaultdict(list)
     with batchrun.connect(db=db_url, jobs=JOBS, env={}) as client:
         for seq in range(3):
             for uid in range(1, 201):
                 submitted[uid].append(client.submit("steps", uid, data={"seq": seq, "sleep": 0.01}))
-    workers = _workers(env, 4)
+    workers = start_workers(env, 4)
     for worker in workers:
         _, err = worker.communicate(timeout=600)
         assert worker.returncode == 0, err[-2000:]

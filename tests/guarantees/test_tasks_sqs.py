@@ -12,7 +12,7 @@ import boto3
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
 from support.db import query
 from support.lambda_context import drain_as_sqs_events
-from test_tasks import JOBS, _workers, effects, setup
+from support.tasks import JOBS, effects, migrate_task_jobs, start_workers
 
 import batchrun
 
@@ -36,13 +36,13 @@ def fifo_queue(env: dict[str, str]) -> str:
 def test_four_workers_on_sqs_fifo(moto_server: MotoServer, mysql_url: str) -> None:
     moto_server.reset()
     url = fifo_queue(moto_server.env)
-    env = {**setup(mysql_url), **moto_server.env, "BATCHRUN_RETRY_QUEUE": url}
+    env = {**migrate_task_jobs(mysql_url), **moto_server.env, "BATCHRUN_RETRY_QUEUE": url}
     submitted: dict[int, list[str]] = defaultdict(list)
     with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto_server.env) as client:
         for seq in range(3):
             for uid in range(1, 51):
                 submitted[uid].append(client.submit("steps", uid, data={"seq": seq}))
-    for worker in _workers(env, 4):
+    for worker in start_workers(env, 4):
         _, err = worker.communicate(timeout=600)
         assert worker.returncode == 0, err[-2000:]
     rows = effects(mysql_url)
@@ -62,7 +62,7 @@ def test_the_sqs_triggered_lambda_serves_tasks(moto_server: MotoServer, mysql_ur
     moto_server.reset()
     url, _ = make_queue_with_dlq(moto_server, visibility_s=30)
     env = {
-        **setup(mysql_url),
+        **migrate_task_jobs(mysql_url),
         **moto_server.env,
         "BATCHRUN_RETRY_QUEUE": url,
         "BATCHRUN_LEASE_S": "5",

@@ -11,10 +11,9 @@ import sys
 import time
 
 from support import ROOT
-from support.birthday import eligible_ids
+from support.birthday import eligible_ids, migrate_and_seed_demo
 from support.cli import run_cli
 from support.smtp_server import SmtpTestServer
-from test_preflight import migrate_and_seed
 
 
 def free_port() -> int:
@@ -33,7 +32,7 @@ def wait_for(done: object, timeout: float) -> bool:
 
 
 def test_worker_waits_for_the_mail_server_then_serves(sqlite_url: str, tmp_path: object) -> None:
-    migrate_and_seed(sqlite_url, 300)
+    migrate_and_seed_demo(sqlite_url, 300)
     uid = min(eligible_ids(sqlite_url, 6))
     port = free_port()
     env = {

@@ -3,13 +3,14 @@ and its status."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections import Counter
 from types import SimpleNamespace
 
-from batchrun.db import Store
+from batchrun.db import Store, connect
 from batchrun.db.store import Scope
-from batchrun.jobs.birthday import demo
+from batchrun.jobs.birthday import Birthday, demo
 from batchrun.mail.base import valid_address
 from batchrun.period import Period
 from batchrun.runtime import Runtime
@@ -112,3 +113,18 @@ def ledger_states(db_url: str, year: int) -> Counter[int]:
 def grouped_code(code: str) -> str:
     """A gift code as an email shows it: groups of four joined by dashes."""
     return "-".join(code[i : i + 4] for i in range(0, len(code), 4))
+
+
+def migrate_and_seed_demo(db_url: str, users: int, seed: int = 12) -> None:
+    """Migrate for the birthday job and add ``users`` demo users, in-process."""
+
+    async def go() -> None:
+        database = await connect(db_url, create=True)
+        try:
+            store = Store(database)
+            await store.migrate([Birthday()])
+            await seed_users(store, users, seed=seed)
+        finally:
+            await database.close()
+
+    asyncio.run(go())
