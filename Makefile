@@ -110,33 +110,33 @@ lambda: install  ## dist/batchrun-lambda.zip (x86_64) and dist/batchrun-lambda-a
 	$(BIN)/python deploy/build_lambda.py --arch x86_64 --python 3.12 --out dist/batchrun-lambda.zip $(LAMBDA_COMPILE)
 	$(BIN)/python deploy/build_lambda.py --arch arm64 --python 3.12 --out dist/batchrun-lambda-arm64.zip $(LAMBDA_COMPILE)
 
-# The long fault-injection variants (tests/test_soak.py), skipped by `make test` and CI:
+# The long fault-injection variants (tests/guarantees/test_soak.py), skipped by `make test` and CI:
 # crash-anywhere iterations per database with 1% temporary failures, and a load run of
 # SOAK_USERS users with 1% temporary failures against an SMTP sink in its own process.
 # Every user is born in the month (1,000,000 emails); SOAK_ALL_IN_MONTH=0 seeds them with
 # `batchrun db seed` instead (a twelfth of them in the month). The crash-anywhere variant
 # with a failing heartbeat runs with a lease of SOAK_LEASE_S seconds and a share
-# SOAK_HEARTBEAT_FAIL of heartbeats failing at random (tests/soak_hooks, subprocesses only).
+# SOAK_HEARTBEAT_FAIL of heartbeats failing at random (tests/support/soak_hooks, subprocesses only).
 SOAK_ITERATIONS ?= 100
 SOAK_USERS ?= 1000000
 SOAK_ALL_IN_MONTH ?= 1
 SOAK_LEASE_S ?= 3
 SOAK_HEARTBEAT_FAIL ?= 0.3
-# tests/test_soak_skew.py: per iteration two runs through a TCP proxy dropping a share
+# tests/guarantees/test_soak_skew.py: per iteration two runs through a TCP proxy dropping a share
 # SOAK_DROP_CHANCE of the replies to batchrun's and the job's statements, the second under
 # `faketime -f SOAK_SKEW` (past its lease of SOAK_SKEW_LEASE_S seconds), on MariaDB and
-# PostgreSQL. SOAK_TESTS picks the files (e.g. SOAK_TESTS=tests/test_soak_skew.py).
+# PostgreSQL. SOAK_TESTS picks the files (e.g. SOAK_TESTS=tests/guarantees/test_soak_skew.py).
 SOAK_SKEW ?= +5s
 SOAK_SKEW_LEASE_S ?= 4
 SOAK_DROP_CHANCE ?= 0.02
-# tests/test_soak_tasks.py: SOAK_TASKS submitted tasks (4 an entity) served by 3 `batchrun
+# tests/guarantees/test_soak_tasks.py: SOAK_TASKS submitted tasks (4 an entity) served by 3 `batchrun
 # worker` processes, one killed with SIGKILL and replaced SOAK_TASK_KILLS times at random
 # moments while tasks run, on MariaDB and PostgreSQL: 0 lost, no two tasks of an entity
 # overlapping, submission order kept, duplicate effects at most kills x --concurrency and
 # printed (its short version, 4 kills over 240 tasks, runs in `make test`).
 SOAK_TASKS ?= 20000
 SOAK_TASK_KILLS ?= 100
-SOAK_TESTS ?= tests/test_soak.py tests/test_soak_skew.py tests/test_soak_tasks.py
+SOAK_TESTS ?= tests/guarantees/test_soak.py tests/guarantees/test_soak_skew.py tests/guarantees/test_soak_tasks.py
 
 .PHONY: soak
 soak: install  ## long fault injection: 100 crash iterations per database (and 100 more with a 3 s lease and 30% of heartbeats failing, and 100 with a skewed clock and lost replies; 100 kill -9 of task workers over 20,000 tasks), 1M users with 1% temporary failures (MariaDB)

@@ -15,7 +15,7 @@ within 15% of the limit::
 The law (``batchrun/effects/backends.py``). Mail's AIMD, halving on a throttle and adding
 1 call/s each second, saws between L/2 and L: its mean rate is about 0.75 L, and with a
 ``Retry-After`` pause of 1 s after each throttle the API serves about 0.74 L (150 of 200,
-in a fake-clock run of the same loop, ``tests/test_backends.py``). For backends the
+in a fake-clock run of the same loop, ``tests/guarantees/test_backends.py``). For backends the
 decrease is gentler: a throttle multiplies the rate by 0.9, so the saw runs between 0.9 L
 and L (a mean of 0.95 L) and a throttle comes every (0.1 L / 1) seconds, 20 s at 200/s,
 each costing its 1 s pause: about 0.9 L served (182 of 200 on the fake clock). A larger

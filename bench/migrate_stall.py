@@ -16,7 +16,7 @@ Migrations measured:
 
     python -m bench.migrate_stall --rows 2000000 --stored --json bench/migrate-stall.json
 
-``tests/test_online_migrate.py`` uses the same harness at 200,000 rows.
+``tests/adapters/test_online_migrate.py`` uses the same harness at 200,000 rows.
 """
 
 from __future__ import annotations

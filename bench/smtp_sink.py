@@ -8,7 +8,7 @@ listens, then answers commands read from stdin, one per line, with one JSON line
 - ``reset``: zero the counters (answers the stats before the reset)
 
 It exits when stdin closes. The latency is a delay before the reply to the end of DATA,
-as in ``tests/smtp_server.py``; the body is never parsed. Two implementations:
+as in ``tests/support/smtp_server.py``; the body is never parsed. Two implementations:
 
 - ``fast`` (default): a minimal SMTP protocol on ``asyncio.Protocol`` (EHLO/HELO, MAIL,
   RCPT, DATA, RSET, NOOP, QUIT), the reply delayed with ``loop.call_later``; about 10x

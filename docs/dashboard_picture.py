@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from browser import start, wait_for  # noqa: E402  (tests/browser.py: the tests' browser)
-from ui_helpers import serve  # noqa: E402
+from support.browser import start, wait_for  # noqa: E402  (tests/support/browser.py: the tests' browser)
+from support.ui import serve  # noqa: E402
 
 
 def batchrun(env: dict[str, str], *args: str) -> None:

@@ -1,0 +1,190 @@
+"""The Lambda handler with events from tests/support/events/: MariaDB, moto's SQS, a real SMTP
+server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from support import EVENTS
+from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from support.birthday import card_counts, eligible_ids, seed_users
+from support.checks import assert_one_card_and_one_email_each
+from support.db import query
+from support.lambda_context import FakeContext, drain_as_sqs_events
+from support.smtp_server import SmtpTestServer
+
+from batchrun import aws_lambda
+from batchrun.db import Store, connect
+from batchrun.errors import BatchrunError
+from batchrun.jobs.birthday import Birthday
+from batchrun.mail.base import valid_address
+
+
+def load_event(name: str, **replace: object) -> dict[str, Any]:
+    text = (EVENTS / name).read_text()
+    for key, value in replace.items():
+        text = text.replace(key, str(value))
+    return dict(json.loads(text))
+
+
+@pytest.fixture
+def sqs(moto_server: MotoServer) -> Any:
+    moto_server.reset()
+    return aws_client(moto_server)
+
+
+@pytest.fixture
+def queue_url(sqs: Any, moto_server: MotoServer) -> str:
+    return make_queue_with_dlq(moto_server, visibility_s=60)[0]
+
+
+@pytest.fixture
+def environ(
+    mysql_url: str, smtp_server: SmtpTestServer, moto_server: MotoServer, queue_url: str
+) -> dict[str, str]:
+    """The function's configuration, as the SAM template would set it."""
+    return {
+        **moto_server.env,
+        "BATCHRUN_DB": mysql_url,
+        "BATCHRUN_MAIL": smtp_server.url,
+        "BATCHRUN_FROM": "birthday@example.com",
+        "BATCHRUN_RETRY_QUEUE": queue_url,
+        "BATCHRUN_CONCURRENCY": "20",
+        "BATCHRUN_LEASE_S": "2",
+    }
+
+
+def prepare(db_url: str, users: int, seed: int) -> set[int]:
+    """Migrate, seed, and return the users the month must reach."""
+
+    async def go() -> None:
+        database = await connect(db_url, create=True)
+        try:
+            store = Store(database)
+            await store.migrate([Birthday()])
+            await seed_users(store, users, seed=seed)
+        finally:
+            await database.close()
+
+    asyncio.run(go())
+    emails = dict(query(db_url, "SELECT id, email FROM user WHERE birth_month = 6"))
+    return {uid for uid in eligible_ids(db_url, 6) if valid_address(emails[uid])}
+
+
+def test_scheduled_event_completes_the_month(
+    mysql_url: str,
+    smtp_server: SmtpTestServer,
+    environ: dict[str, str],
+    sqs: Any,
+    queue_url: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    want = prepare(mysql_url, 3000, seed=31)
+    result = aws_lambda.handle(load_event("schedule.json"), FakeContext(300), environ=environ)
+    assert result["month"] == "2025-06" and result["dry_run"] is False
+    assert result["emails_sent"] == result["cards_created"] == len(want)
+    assert_one_card_and_one_email_each(mysql_url, smtp_server, want)
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    (log_line,) = [line for line in lines if line.get("status") == "done"]
+    assert log_line["request_id"] == "req-1" and log_line["event"] == "schedule"
+    (metrics,) = [line for line in lines if "_aws" in line]
+    names = {m["Name"] for m in metrics["_aws"]["CloudWatchMetrics"][0]["Metrics"]}
+    assert {"UsersProcessed", "CardsCreated", "EmailsSent", "Failures", "Duration"} <= names
+    assert metrics["EmailsSent"] == metrics["Succeeded"] == len(want)
+
+
+def test_on_demand_dry_run_touches_nothing(
+    mysql_url: str,
+    smtp_server: SmtpTestServer,
+    environ: dict[str, str],
+) -> None:
+    want = prepare(mysql_url, 1200, seed=32)
+    result = aws_lambda.handle(
+        load_event("on_demand_dry_run.json"), FakeContext(60), environ=environ
+    )
+    assert result["dry_run"] is True and result["eligible"] >= len(want)
+    assert result["cards_created"] == result["emails_sent"] == 0
+    assert card_counts(mysql_url, 2025) == {}
+    assert smtp_server.messages == []
+
+
+def test_deadline_hands_off_and_sqs_invocations_complete_the_month(
+    mysql_url: str,
+    smtp_server: SmtpTestServer,
+    environ: dict[str, str],
+    sqs: Any,
+    queue_url: str,
+) -> None:
+    want = prepare(mysql_url, 9000, seed=33)
+    smtp_server.set_latency(0.1)  # ~200 emails/s at concurrency 20 at best: several calls
+    # 20x a send's latency: in-flight sends get 70% of the margin to finish, room for a
+    # loaded machine (one cut off after the server took it would be sent twice).
+    environ = environ | {"BATCHRUN_DEADLINE_MARGIN_MS": "2000"}
+    started = time.monotonic()
+    first = aws_lambda.handle(load_event("schedule.json"), FakeContext(4), environ=environ)
+    assert time.monotonic() - started < 4.0, "the handler must return before its deadline"
+    assert first["continuation"] is True and first["stopped"]
+    assert 0 < first["emails_sent"] < len(want)
+
+    results = drain_as_sqs_events(sqs, queue_url, environ, seconds=4)
+    assert len(results) >= 2, "the month should need more than one more invocation"
+    assert all(r["batchItemFailures"] == [] for r in results)
+    assert_one_card_and_one_email_each(mysql_url, smtp_server, want)
+
+
+def test_a_poison_record_fails_alone(
+    mysql_url: str,
+    smtp_server: SmtpTestServer,
+    environ: dict[str, str],
+) -> None:
+    want = sorted(prepare(mysql_url, 600, seed=34))
+    event = load_event("sqs_poison.json", USER_1=want[0], USER_2=want[1])
+    result = aws_lambda.handle(event, FakeContext(60), environ=environ)
+    failed = {f["itemIdentifier"] for f in result["batchItemFailures"]}
+    assert failed == {"bad-json", "unknown-job", "missing-field"}
+    assert smtp_server.sends_per_user() == Counter({want[0]: 1, want[1]: 1})
+    assert card_counts(mysql_url, 2025) == {want[0]: 1, want[1]: 1}
+
+
+def test_an_unknown_event_is_one_clear_error(environ: dict[str, str]) -> None:
+    with pytest.raises(BatchrunError, match="unrecognised event"):
+        aws_lambda.handle({"hello": "world"}, FakeContext(10), environ=environ)
+    with pytest.raises(BatchrunError, match="invalid month"):
+        aws_lambda.handle({"job": "birthday", "month": "2025-13"}, FakeContext(10), environ=environ)
+
+
+def test_the_database_url_comes_from_secrets_manager(
+    mysql_url: str,
+    smtp_server: SmtpTestServer,
+    environ: dict[str, str],
+    moto_server: MotoServer,
+) -> None:
+    want = prepare(mysql_url, 1200, seed=35)
+    parts = urlsplit(mysql_url)
+    secrets = aws_client(moto_server, "secretsmanager")
+    # the JSON shape RDS writes for a managed secret
+    value = {
+        "username": parts.username,
+        "password": parts.password or "",
+        "host": parts.hostname,
+        "port": parts.port,
+        "dbname": parts.path.lstrip("/"),
+    }
+    arn = secrets.create_secret(Name="batchrun/db", SecretString=json.dumps(value))["ARN"]
+    configured = {k: v for k, v in environ.items() if k != "BATCHRUN_DB"}
+    configured["BATCHRUN_DB_SECRET_ARN"] = arn
+    result = aws_lambda.handle(
+        load_event("on_demand_dry_run.json"), FakeContext(60), environ=configured
+    )
+    assert result["eligible"] >= len(want)
+
+    configured["BATCHRUN_DB_SECRET_ARN"] = arn.replace("batchrun/db", "nope")
+    with pytest.raises(BatchrunError, match="cannot read the database secret") as caught:
+        aws_lambda.handle(load_event("on_demand_dry_run.json"), FakeContext(60), environ=configured)
+    assert "ResourceNotFoundException" in str(caught.value)

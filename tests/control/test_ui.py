@@ -1,0 +1,302 @@
+"""The dashboard's pages and actions in-process (httpx over the ASGI app and a real
+database): what each page shows, CSRF, read-only, the token, masked secrets, the bind
+check. The real-browser tests are in test_ui_browser.py."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from support.db import mysql_connect, query
+from support.ui import client_of, csrf_of, make_app
+from typer.testing import CliRunner
+
+from batchrun.cli import app as cli_app
+from batchrun.control.history import History
+from batchrun.db import Store, connect
+from batchrun.errors import PermanentMailError
+from batchrun.jobs.birthday import Birthday, demo
+from batchrun.mail.base import from_url as mailer_from_url
+from batchrun.period import parse
+from batchrun.queue.base import from_url as queue_from_url
+from batchrun.runtime import Runtime
+from batchrun.settings import Settings
+from batchrun.ui.security import bind_error, is_loopback
+
+JUNE = parse("month", "2025-06")
+DEAD_ADDRESS = "dead@example.org"
+ANY_HOST = ".".join(["0"] * 4)  # every interface
+
+
+async def prepare(settings: Settings, *, fail_one: bool = True) -> dict[str, int]:
+    """Migrate, seed, run June with one address refused for good (a dead letter)."""
+    url = settings.db_url
+
+    async def setup() -> None:
+        database = await connect(url, create=True)
+        try:
+            store = Store(database)
+            await store.migrate([Birthday()])
+            await demo.seed_users(store.jobdb, 200, seed=2)
+        finally:
+            await database.close()
+
+    async def run() -> int:
+        database = await connect(url)
+        mailer = FailFor(DEAD_ADDRESS, mailer_from_url(settings.mail_url))
+        try:
+            queue = queue_from_url(None, db=database, max_receives=settings.max_receives)
+            runtime = Runtime(Birthday(), Store(database), mailer, queue, settings)
+            return (await runtime.run(JUNE)).emails_sent
+        finally:
+            await mailer.close()
+            await database.close()
+
+    await setup()
+    rows = query(
+        url,
+        "SELECT id FROM user WHERE birth_month = 6 AND status = 10 AND email IS NOT NULL "
+        "ORDER BY id",
+    )
+    ids = [int(r[0]) for r in rows]
+    if fail_one:
+        query(url, "UPDATE user SET email = %s WHERE id = %s", DEAD_ADDRESS, ids[0])
+    return {"first": ids[0], "second": ids[1], "sent": await run()}
+
+
+class FailFor:
+    """A mailer that refuses one recipient for good and passes the rest on."""
+
+    def __init__(self, address: str, inner: Any) -> None:
+        self.address, self.inner = address, inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def send(self, message: Any) -> None:
+        if message.to_addr == self.address:
+            raise PermanentMailError("550 5.1.1 no such user")
+        await self.inner.send(message)
+
+
+@pytest.fixture
+def settings(db_url: str, make_settings: Callable[..., Settings], tmp_path: Path) -> Settings:
+    return make_settings(db_url, mail_url=f"file://{tmp_path / 'outbox'}")
+
+
+async def test_pages_show_jobs_periods_entities_queues_and_metrics(
+    settings: Settings, db_url: str
+) -> None:
+    facts = await prepare(settings)
+    async with client_of(make_app(settings)) as client:
+        index = await client.get("/")
+        assert index.status_code == 200
+        assert "birthday" in index.text and "2025-06" in index.text
+        assert f">{facts['sent']}<" in index.text  # the sent count
+        job = await client.get("/jobs/birthday")
+        assert job.status_code == 200 and "2025-06" in job.text
+        entity = await client.get(f"/jobs/birthday/entities/{facts['second']}?period=2025-06")
+        assert entity.status_code == 200
+        assert f"&lt;birthday.2025.{facts['second']}@example.com&gt;" in entity.text
+        found = await client.get(f"/jobs/birthday/entity?id={facts['second']}&period=2025-06")
+        assert found.status_code == 303
+        assert found.headers["location"].startswith(f"/jobs/birthday/entities/{facts['second']}")
+        dead = await client.get("/dead")
+        assert dead.status_code == 200 and "550 5.1.1 no such user" in dead.text
+        metrics = await client.get("/metrics")
+        assert metrics.status_code == 200
+        assert 'batchrun_entities{job="birthday",period="2025-06",state="failed"} 1.0' in (
+            metrics.text
+        )
+        assert 'batchrun_queue_depth{queue="dead"} 1.0' in metrics.text
+        live = (await client.get("/api/live")).json()
+        assert live["birthday.sent"] == facts["sent"] and live["queue.dead"] == 1
+        assert (await client.get("/jobs/nosuchjob")).status_code == 404
+        for bad in ("/jobs/birthday?period=2025-13", "/api/live?job=birthday&period=June"):
+            assert (await client.get(bad)).status_code == 400, bad
+        assert (await client.get("/jobs/birthday/entities/1?period=x")).status_code == 400
+
+
+async def test_redrive_needs_the_csrf_token_and_revives_the_entity(
+    settings: Settings, db_url: str
+) -> None:
+    facts = await prepare(settings)
+    async with client_of(make_app(settings)) as client:
+        page = (await client.get("/dead")).text
+        (message_id,) = [
+            r[0] for r in query(db_url, "SELECT id FROM batchrun_queue WHERE dead = 1")
+        ]
+        refused = await client.post("/dead/redrive", data={"id": str(message_id)})
+        assert refused.status_code == 403
+        wrong = await client.post("/dead/redrive", data={"id": str(message_id), "csrf": "x" * 43})
+        assert wrong.status_code == 403
+        assert query(db_url, "SELECT dead FROM batchrun_queue WHERE id = %s", message_id) == [(1,)]
+        done = await client.post(
+            "/dead/redrive", data={"id": str(message_id), "csrf": csrf_of(page)}
+        )
+        assert done.status_code == 303 and "redriven" in done.headers["location"]
+        assert query(db_url, "SELECT dead FROM batchrun_queue WHERE id = %s", message_id) == [(0,)]
+        state = query(
+            db_url,
+            "SELECT state FROM batchrun_ledger WHERE job = 'birthday' AND entity_id = %s",
+            facts["first"],
+        )
+        assert state == [(3,)]  # failed for good -> retrying: the consumer works it again
+
+
+async def test_read_only_shows_no_actions_and_refuses_posts(
+    sqlite_url: str, make_settings: Any
+) -> None:
+    settings = make_settings(sqlite_url)
+    await prepare(settings)
+    async with client_of(make_app(settings, read_only=True)) as client:
+        for path in ("/", "/dead", "/jobs/birthday"):
+            page = (await client.get(path)).text
+            assert "<form" not in page.replace('<form method="get"', ""), path
+            assert 'method="post"' not in page, path
+        assert (await client.post("/dead/redrive", data={"id": "1"})).status_code == 403
+
+
+async def test_a_token_guards_every_page(sqlite_url: str, make_settings: Any) -> None:
+    settings = make_settings(sqlite_url)
+    await prepare(settings, fail_one=False)
+    token = uuid.uuid4().hex
+    async with client_of(make_app(settings, token=token)) as client:
+        assert (await client.get("/metrics")).status_code == 401
+        assert (await client.get("/", headers={"accept": "text/html"})).headers[
+            "location"
+        ] == "/login"
+        assert (
+            await client.get("/", headers={"authorization": f"Bearer {token}"})
+        ).status_code == 200
+        assert (await client.get("/", headers={"authorization": "Bearer nope"})).status_code == 401
+        assert (await client.post("/login", data={"token": "nope"})).status_code == 403
+        signed = await client.post("/login", data={"token": token})
+        assert signed.status_code == 303
+        assert token not in signed.headers["set-cookie"]
+        assert (await client.get("/")).status_code == 200  # the cookie now
+
+
+@pytest.mark.mysql
+async def test_no_password_is_rendered(
+    mysql_url: str, make_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    name = urlsplit(mysql_url).path.lstrip("/")
+    user, password = f"ui_{uuid.uuid4().hex[:8]}", f"Pw{uuid.uuid4().hex[:12]}"
+    conn = mysql_connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE USER '{user}'@'%' IDENTIFIED BY '{password}'")
+            cur.execute(f"GRANT ALL ON `{name}`.* TO '{user}'@'%'")
+        url = f"mysql://{user}:{password}@127.0.0.1:3306/{name}"
+        settings = make_settings(url, mail_url=f"file://{tmp_path / 'outbox'}")
+        await prepare(settings)
+        async with client_of(make_app(settings)) as client:
+            for path in ("/", "/dead", "/jobs/birthday", "/metrics", "/api/live"):
+                page = await client.get(path)
+                assert page.status_code == 200, path
+                assert password not in page.text, path
+            assert f"{user}:***@" in (await client.get("/")).text
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f"DROP USER IF EXISTS '{user}'@'%'")
+        conn.close()
+
+
+def test_bind_check() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback(ANY_HOST) and not is_loopback("192.0.2.1")
+    assert bind_error("127.0.0.1", None) is None
+    assert bind_error(ANY_HOST, "t0ken") is None
+    assert "BATCHRUN_UI_TOKEN" in (bind_error(ANY_HOST, None) or "")
+
+
+def test_ui_refuses_another_host_without_a_token(sqlite_url: str) -> None:
+    env = {k: None for k in os.environ if k.startswith("BATCHRUN_")}
+    result = CliRunner().invoke(
+        cli_app, ["ui", "--host", ANY_HOST], env={**env, "BATCHRUN_DB": sqlite_url}
+    )
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().count("\n") == 0 and "BATCHRUN_UI_TOKEN" in result.output
+
+
+async def test_runs_and_steering_through_the_pages(settings: Settings, db_url: str) -> None:
+    facts = await prepare(settings)
+    database = await connect(settings.db_url)
+    try:
+        history = History(database, lease_s=settings.lease_s)
+        run_id = await history.start(kind="run", job="birthday", period="2025-06")
+        counts = {"eligible": 17, "succeeded": facts["sent"], "dead_lettered": 1}
+        await history.end(run_id, exit_code=0, outcome="ok", counts=counts, error=None)
+    finally:
+        await database.close()
+    async with client_of(make_app(settings)) as client:
+        index = (await client.get("/")).text
+        assert f'href="/runs/{run_id}"' in index and ">ok<" in index
+        job = (await client.get("/jobs/birthday")).text
+        assert f"#{run_id}" in job
+        page = await client.get(f"/runs/{run_id}")
+        assert page.status_code == 200
+        assert "dead_lettered" in page.text and "550 5.1.1 no such user" in page.text
+        assert f"/jobs/birthday/entities/{facts['first']}?period=2025-06" in page.text
+        assert (await client.get("/runs/999999")).status_code == 404
+
+        token = csrf_of(index)
+        for action, paused in (("pause", 1), ("resume", 0)):
+            done = await client.post(
+                f"/jobs/birthday/{action}", data={"csrf": token, "period": "2025-06"}
+            )
+            assert done.status_code == 303, done.text
+            rows = query(db_url, "SELECT paused FROM batchrun_control WHERE job = 'birthday'")
+            assert rows == [(paused,)], action
+            if paused:
+                assert "Resume" in (await client.get("/")).text
+        done = await client.post("/jobs/birthday/cancel", data={"csrf": token, "period": "2025-06"})
+        assert done.status_code == 303
+        rows = query(db_url, "SELECT cancelled_at FROM batchrun_control WHERE job = 'birthday'")
+        assert rows[0][0] is not None
+        assert (
+            await client.post("/jobs/birthday/pause", data={"period": "2025-06"})
+        ).status_code == 403
+        bad = await client.post("/jobs/birthday/explode", data={"csrf": token})
+        assert bad.status_code == 303 and "unknown+action" in bad.headers["location"]
+
+
+async def test_a_foreign_host_header_is_refused_without_a_token(
+    sqlite_url: str, make_settings: Any
+) -> None:
+    settings = make_settings(sqlite_url)
+    await prepare(settings, fail_one=False)
+    async with client_of(make_app(settings)) as client:
+        assert (await client.get("/", headers={"host": "evil.example"})).status_code == 403
+        assert (await client.get("/", headers={"host": "localhost:8765"})).status_code == 200
+        assert (await client.get("/", headers={"host": "[::1]:8765"})).status_code == 200
+        page = await client.get("/")
+        assert page.headers["x-frame-options"] == "DENY"
+        assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+
+
+async def test_an_action_never_redirects_to_another_site(
+    sqlite_url: str, make_settings: Any
+) -> None:
+    settings = make_settings(sqlite_url)
+    await prepare(settings, fail_one=False)
+    async with client_of(make_app(settings)) as client:
+        token = csrf_of((await client.get("/")).text)
+        for referer in ("http://evil.example//evil.example/x", "//evil.example/", "javascript:x"):
+            done = await client.post(
+                "/jobs/birthday/resume", data={"csrf": token}, headers={"referer": referer}
+            )
+            assert done.status_code == 303
+            assert done.headers["location"].startswith("/?notice="), referer
+        done = await client.post(
+            "/jobs/birthday/resume",
+            data={"csrf": token},
+            headers={"referer": "http://127.0.0.1/jobs/birthday?period=2025-06"},
+        )
+        assert done.headers["location"].startswith("/jobs/birthday?notice=")

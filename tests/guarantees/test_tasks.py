@@ -1,0 +1,168 @@
+"""Tasks an application submits: each (job, key) once, one entity's tasks one at a
+time and in submission order, across worker processes; the client, the CLI, status."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cli import run_cli
+from support.db import query
+from support.tasks import JOBS, effects, migrate_task_jobs, start_workers
+
+import batchrun
+from batchrun.queue.base import QueueMessage
+from batchrun.tasks import BadTask
+
+
+def test_an_entity_task_message_round_trips_and_old_kinds_still_read() -> None:
+    units = {"steps": "day", "birthday": "month"}
+    message = QueueMessage("entity_task", "steps", "", entity_id=7, key="k-1")
+    assert QueueMessage.from_json(message.to_json(), units) == message  # type: ignore[arg-type]
+    old = '{"v":1,"kind":"retry","job":"birthday","month":"2025-06","user_id":3}'
+    assert QueueMessage.from_json(old, units).entity_id == 3  # type: ignore[arg-type]
+
+
+def test_each_key_runs_once_and_status_counts(db_url: str) -> None:
+    env = migrate_task_jobs(db_url)
+    with batchrun.connect(db=db_url, jobs=JOBS, env={}) as client:
+        keys = [client.submit("steps", uid, data={"seq": n}) for uid in (1, 2) for n in range(3)]
+        again = client.submit_task("steps", 1, data={"seq": 9}, key=keys[0])
+        assert again.key == keys[0] and not again.queued  # a key already submitted: a no-op
+        with pytest.raises(BadTask, match="JSON object"):
+            client.submit("steps", 1, data=[1, 2])  # type: ignore[arg-type]
+        with pytest.raises(BadTask, match="unknown job"):
+            client.submit("nope", 1)
+    assert len(set(keys)) == 6
+    before = run_cli("status", "steps", "--json", env=env)
+    assert json.loads(before.stdout)["pending"] == 6, before.stderr
+    served = run_cli("worker", "--idle-exit", "1", "--json", env=env, timeout=120)
+    assert served.returncode == 0, served.stderr
+    done = effects(db_url)
+    assert sorted(r[1] for r in done) == sorted(keys)  # each once
+    status = json.loads(run_cli("status", "steps", "--json", env=env).stdout)
+    assert status["succeeded"] == 6 and status["pending"] == 0 and status["dead"] == 0
+
+
+def test_the_cli_submits_and_refuses_bad_input_before_queueing(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    env = migrate_task_jobs(sqlite_url)
+    first = run_cli(
+        "submit", "steps", "--id", "5", "--key", "a1", "--data", '{"x":1}', "--json", env=env
+    )
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout) == {"job": "steps", "entity_id": 5, "key": "a1", "queued": True}
+    again = run_cli("submit", "steps", "--id", "5", "--key", "a1", "--json", env=env)
+    assert json.loads(again.stdout)["queued"] is False
+    plain = run_cli("submit", "steps", "--id", "5", env=env)
+    assert plain.returncode == 0 and len(plain.stdout.strip()) == 32  # a generated key
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"blob": "x" * (201 * 1024)}))
+    for args, said in (
+        (["--data", "[1]"], "JSON object"),
+        (["--data", "{nope"], "not JSON"),
+        (["--data", f"@{big}"], "200 KB"),
+    ):
+        refused = run_cli("submit", "steps", "--id", "5", *args, env=env)
+        assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    unknown = run_cli("submit", "nope", "--id", "5", env=env)
+    assert unknown.returncode == 2 and "unknown job" in unknown.stderr
+    assert query(sqlite_url, "SELECT COUNT(*) FROM batchrun_queue")[0][0] == 2
+
+
+def test_a_retried_task_keeps_its_place_and_a_failed_one_is_dead(sqlite_url: str) -> None:
+    env = migrate_task_jobs(sqlite_url)
+    with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
+        client.submit("flaky", 1, key="r1")
+        client.submit("flaky", 1, key="f1", data={"fail": "always"})
+    served = run_cli("worker", "--idle-exit", "2", "--json", env=env, timeout=120)
+    assert served.returncode in (0, 1), served.stderr
+    assert [r[1] for r in effects(sqlite_url)] == ["r1", "r1"]  # a retry, then success
+    status = json.loads(run_cli("status", "flaky", "--json", env=env).stdout)
+    assert (status["succeeded"], status["dead"], status["pending"]) == (1, 1, 0)
+
+
+def test_a_paused_task_job_waits_then_runs(sqlite_url: str) -> None:
+    env = {
+        **migrate_task_jobs(sqlite_url),
+        "BATCHRUN_LEASE_S": "2",
+    }  # a paused task looks again in 2 s
+    with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
+        client.submit("steps", 1, key="p1")
+    assert run_cli("pause", "steps", env=env).returncode == 0
+    run_cli("worker", "--idle-exit", "1", env=env, sigterm_after=8)
+    assert effects(sqlite_url) == []  # paused: nothing ran, the task waits
+    assert run_cli("resume", "steps", env=env).returncode == 0
+    assert run_cli("worker", "--idle-exit", "5", env=env, timeout=120).returncode == 0
+    assert [r[1] for r in effects(sqlite_url)] == ["p1"]
+
+
+@pytest.mark.parametrize("server", ["mysql", "postgresql"])
+def test_four_workers_200_users_3_tasks_each(server: str, request: pytest.FixtureRequest) -> None:
+    db_url: str = request.getfixturevalue(f"{server}_url" if server == "mysql" else "postgres_url")
+    env = migrate_task_jobs(db_url)
+    submitted: dict[int, list[str]] = defaultdict(list)
+    with batchrun.connect(db=db_url, jobs=JOBS, env={}) as client:
+        for seq in range(3):
+            for uid in range(1, 201):
+                submitted[uid].append(client.submit("steps", uid, data={"seq": seq, "sleep": 0.01}))
+    workers = start_workers(env, 4)
+    for worker in workers:
+        _, err = worker.communicate(timeout=600)
+        assert worker.returncode == 0, err[-2000:]
+    rows = effects(db_url)
+    assert len(rows) == 600 and len({r[1] for r in rows}) == 600  # every task exactly once
+    ledger = query(db_url, "SELECT COUNT(*) FROM batchrun_entity_task WHERE state = 2")
+    assert ledger[0][0] == 600  # the task table agrees with the effect log
+    per_user: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    for row in rows:
+        per_user[int(row[0])].append(row)
+    overlaps = 0
+    for uid, runs in per_user.items():
+        runs.sort(key=lambda r: r[3])
+        overlaps += sum(1 for a, b in pairwise(runs) if b[3] < a[4])
+        assert [r[1] for r in runs] == submitted[uid], f"user {uid} out of submission order"
+    assert overlaps == 0
+
+
+async def test_a_batch_claims_with_the_one_task_conditions(store: Any) -> None:
+    """The set-wise statements a batch claims with (pipeline/task_claim.py): a live turn or
+    task lease is nobody else's, an expired one is taken over, only the oldest unfinished
+    task of an entity is its turn, and an end is recorded only under the lease."""
+    import asyncio
+
+    from batchrun.db.store import now_ms
+    from batchrun.tasks.store import TaskState, TaskStore
+
+    tasks = TaskStore(store.db)
+    for entity, key in ((1, "a1"), (1, "a2"), (2, "b1")):
+        assert await tasks.submit("steps", entity, key, "{}")
+    rows = await tasks.get_many("steps", ["a1", "a2", "b1", "nope"])
+    assert sorted(rows) == ["a1", "a2", "b1"] and rows["a2"].entity_id == 1
+    a1, b1 = rows["a1"].id, rows["b1"].id
+    now = now_ms()
+    assert await tasks.take_turns("steps", [1, 2], "A", now + 10_000, now) == {1, 2}
+    assert await tasks.take_turns("steps", [1, 2], "B", now + 10_000, now) == set()  # live
+    assert await tasks.first_unfinished_ids("steps", [1, 2]) == {1: a1, 2: b1}
+    assert await tasks.start_many([a1, b1], "A", now + 10_000, now) == {a1, b1}
+    assert await tasks.start_many([a1, b1], "B", now + 10_000, now) == set()  # A's leases live
+    later = now + 20_000  # A's leases have ended: B takes b1 over
+    assert await tasks.start_many([b1], "B", later + 10_000, later) == {b1}
+    assert await tasks.finish_many([a1, b1], "A", TaskState.SUCCEEDED) == {a1}  # b1 is B's
+    assert await tasks.finish_many([b1], "B", TaskState.SUCCEEDED) == {b1}
+    await asyncio.sleep(0.01)  # a later millisecond: an end of its own (see finish_many)
+    assert await tasks.finish_many([a1], "A", TaskState.SUCCEEDED) == set()  # ended already
+    assert await tasks.first_unfinished_ids("steps", [1, 2]) == {1: rows["a2"].id}
+    for key in ("a1", "b1"):
+        row = await tasks.get("steps", key)
+        assert row is not None and (row.state, row.attempts) == (TaskState.SUCCEEDED, 1)
+    await tasks.release_turns("steps", [1, 2], "B")  # not B's: nothing changes
+    assert await tasks.take_turns("steps", [1], "B", now + 10_000, now) == set()
+    await tasks.release_turns("steps", [1, 2], "A")
+    assert await tasks.take_turns("steps", [1, 2], "B", now + 10_000, now) == {1, 2}

@@ -1,0 +1,81 @@
+"""Tasks on SQS FIFO (moto): 4 workers, every task once, one user's never overlapping and
+in submission order (each user its own MessageGroupId)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from itertools import pairwise
+from typing import Any
+
+import boto3
+from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
+from support.db import query
+from support.lambda_context import drain_as_sqs_events
+from support.tasks import JOBS, effects, migrate_task_jobs, start_workers
+
+import batchrun
+
+
+def fifo_queue(env: dict[str, str]) -> str:
+    sqs = boto3.client(
+        "sqs",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
+    fifo = {"FifoQueue": "true"}
+    dlq = sqs.create_queue(QueueName="tasks-dlq.fifo", Attributes=fifo)["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]
+    policy = json.dumps({"deadLetterTargetArn": arn["QueueArn"], "maxReceiveCount": 5})
+    attributes = {**fifo, "RedrivePolicy": policy}
+    return str(sqs.create_queue(QueueName="tasks.fifo", Attributes=attributes)["QueueUrl"])
+
+
+def test_four_workers_on_sqs_fifo(moto_server: MotoServer, mysql_url: str) -> None:
+    moto_server.reset()
+    url = fifo_queue(moto_server.env)
+    env = {**migrate_task_jobs(mysql_url), **moto_server.env, "BATCHRUN_RETRY_QUEUE": url}
+    submitted: dict[int, list[str]] = defaultdict(list)
+    with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto_server.env) as client:
+        for seq in range(3):
+            for uid in range(1, 51):
+                submitted[uid].append(client.submit("steps", uid, data={"seq": seq}))
+    for worker in start_workers(env, 4):
+        _, err = worker.communicate(timeout=600)
+        assert worker.returncode == 0, err[-2000:]
+    rows = effects(mysql_url)
+    assert len(rows) == 150 and len({r[1] for r in rows}) == 150  # each task once
+    done = query(mysql_url, "SELECT COUNT(*) FROM batchrun_entity_task WHERE state = 2")
+    assert done[0][0] == 150
+    per_user: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    for row in rows:
+        per_user[int(row[0])].append(row)
+    for uid, runs in per_user.items():
+        runs.sort(key=lambda r: r[3])
+        assert all(b[3] >= a[4] for a, b in pairwise(runs)), f"user {uid}: tasks overlapped"
+        assert [r[1] for r in runs] == submitted[uid], f"user {uid} out of submission order"
+
+
+def test_the_sqs_triggered_lambda_serves_tasks(moto_server: MotoServer, mysql_url: str) -> None:
+    moto_server.reset()
+    url, _ = make_queue_with_dlq(moto_server, visibility_s=30)
+    env = {
+        **migrate_task_jobs(mysql_url),
+        **moto_server.env,
+        "BATCHRUN_RETRY_QUEUE": url,
+        "BATCHRUN_LEASE_S": "5",
+    }
+    submitted: dict[int, list[str]] = defaultdict(list)
+    with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto_server.env) as client:
+        for seq in range(3):
+            for uid in range(1, 21):
+                submitted[uid].append(client.submit("steps", uid, data={"seq": seq}))
+    drain_as_sqs_events(aws_client(moto_server), url, env, seconds=60)
+    rows = effects(mysql_url)
+    assert len(rows) == 60 and len({r[1] for r in rows}) == 60  # each task once
+    for uid in submitted:
+        runs = sorted((r for r in rows if r[0] == uid), key=lambda r: r[3])
+        assert [r[1] for r in runs] == submitted[uid]  # in order, even on a standard queue
+        assert all(b[3] >= a[4] for a, b in pairwise(runs))

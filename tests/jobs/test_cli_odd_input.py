@@ -1,0 +1,91 @@
+"""Small odd inputs, each one clear line and the contract's exit
+code: text with rich markup in it, a --jobs module that calls sys.exit(0), a MySQL URL
+with a bad connect_timeout, and a backslash-escaped quote in a MySQL string literal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.cli import run_cli
+from support.db import query
+
+from batchrun.db.sql import Queries
+
+
+def one_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def test_error_text_with_markup_in_it_is_printed_as_it_is(tmp_path: Path) -> None:
+    spec = str(tmp_path / "jobs[/path]" / "[bold]x[/].py")
+    result = run_cli(
+        "--jobs", spec, "status", env={"BATCHRUN_DB": f"sqlite:///{tmp_path / 'b.db'}"}
+    )
+    assert result.returncode == 2, result.stderr
+    line = one_line(result.stderr)
+    assert line.startswith("error: ") and "jobs[/path]/[bold]x[/].py: no such file" in line
+
+
+def test_a_problem_whose_error_holds_markup_is_listed_by_status(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'b.db'}"
+    assert run_cli("db", "migrate", env={"BATCHRUN_DB": db}).returncode == 0
+    query(
+        db,
+        "INSERT INTO batchrun_ledger (job, once_key, entity_id, period, state, attempts, "
+        "queued, last_error, updated_at) VALUES ('birthday', '2025', 7, '2025-06', 4, 1, 0, "
+        "%s, 0)",
+        "cannot open [/var/spool/x] [red]",
+    )
+    result = run_cli("status", "--month", "2025-06", env={"BATCHRUN_DB": db, "COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    assert "cannot open [/var/spool/x] [red]" in result.stdout
+
+
+@pytest.mark.parametrize("code", ["0", "3", "'bye'"])
+def test_a_jobs_module_that_exits_on_import_is_an_error_naming_it(
+    tmp_path: Path, code: str
+) -> None:
+    module = tmp_path / "quitter.py"
+    module.write_text(f"import sys\nsys.exit({code})\n")
+    env = {"BATCHRUN_DB": f"sqlite:///{tmp_path / 'b.db'}"}
+    for spec in (str(module), "quitter"):
+        result = run_cli("--jobs", spec, "status", env={**env, "PYTHONPATH": str(tmp_path)})
+        assert result.returncode == 2, (spec, result.returncode, result.stderr)
+        line = one_line(result.stderr)
+        assert spec in line and f"sys.exit({code})" in line
+
+
+@pytest.mark.parametrize("value", ["zz", "-1", "0", "inf", "nan"])
+def test_a_mysql_url_with_a_bad_connect_timeout_is_one_line_and_exit_2(value: str) -> None:
+    url = f"mysql://root:s3cret@127.0.0.1:3306/batchrun?connect_timeout={value}"
+    result = run_cli("status", env={"BATCHRUN_DB": url})
+    assert result.returncode == 2, result.stderr
+    line = one_line(result.stderr)
+    assert "connect_timeout" in line and "s3cret" not in line
+
+
+@pytest.mark.parametrize(
+    ("dialect", "mark", "text", "sql"),
+    [
+        # MySQL: a backslash escapes the quote, so the string goes on past it.
+        ("mysql", "%s", r"SELECT 'it\'s :x' AS a, :y", r"SELECT 'it\'s :x' AS a, %s"),
+        ("mysql", "%s", r'SELECT "say \":x\"", :y', r'SELECT "say \":x\"", %s'),
+        ("mysql", "%s", r"SELECT 'back\\', :y", r"SELECT 'back\\', %s"),  # an escaped backslash
+        ("mysql", "%s", "SELECT 'a''b :x', :y", "SELECT 'a''b :x', %s"),
+        ("mysql", "%s", "SELECT '100%', :y", "SELECT '100%%', %s"),  # pymysql formats all
+        # Standard SQL: a backslash is a character; the quote after it ends the string.
+        ("sqlite", "?", r"SELECT 'C:\' AS a, :y", r"SELECT 'C:\' AS a, ?"),
+        ("postgresql", "$n", r"SELECT 'C:\' AS a, :y", r"SELECT 'C:\' AS a, $1"),
+        ("postgresql", "$n", r"SELECT E'it\'s :x', :y", r"SELECT E'it\'s :x', $1"),
+        ("postgresql", "$n", "SELECT :y::int /* :x */ -- :x", "SELECT $1::int /* :x */ -- :x"),
+    ],
+)
+def test_the_tokenizer_reads_each_dialects_string_literals(
+    dialect: str, mark: str, text: str, sql: str
+) -> None:
+    queries = Queries(dialect, mark, {})
+    assert queries.compile_text(text, text, {"y": 1}) == (sql, (1,))
