@@ -227,7 +227,12 @@ def test_two_runs_at_once_partition_the_period(case: JobCase, db_url: str) -> No
     a, b = summaries
     assert a["succeeded"] + b["succeeded"] == len(ents.want), (a, b)
     assert a["skipped"] + b["skipped"] == len(ents.skip), (a, b)
-    assert a["eligible"] + b["eligible"] == len(ents.selected), (a, b)
+    # Each run counts what it claimed. With a 1 s lease a heartbeat late on a loaded machine
+    # lets the other run take over claims not worked yet: both counted them, and the one
+    # that lost them says so in lost_claims (its fence kept it from working them).
+    taken_over = a["lost_claims"] + b["lost_claims"]
+    selected = a["eligible"] + b["eligible"]
+    assert len(ents.selected) <= selected <= len(ents.selected) + taken_over, (a, b)
     assert a["succeeded"] > 0 and b["succeeded"] > 0, f"both runs should have worked: {a} {b}"
     assert_done_once(case, db_url, where="two runs at once")
 
