@@ -230,7 +230,7 @@ class SmtpSink:
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 def test_soak_crash_anywhere_with_temporary_failures(db_url: str, smtp_server: Any) -> None:
-    from test_faults import crash_anywhere
+    from support.crash import crash_anywhere
 
     report = crash_anywhere(
         db_url,
@@ -295,7 +295,7 @@ def test_soak_crash_anywhere_with_a_failing_heartbeat(
     claimed, the ledger consistent), and the injection must really have happened.
     """
     from support import ROOT
-    from test_faults import CONCURRENCY, crash_anywhere
+    from support.crash import CONCURRENCY, crash_anywhere
 
     log = tmp_path / "heartbeats.log"
     path = [str(HOOKS), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
