@@ -266,7 +266,7 @@ class TaskRoad:
             turns=claims.turns,
             running=claims.running,
             found=found,
-            wait=_wait_turn,
+            wait=turn_wait,
             item=_item,
         )
         for entity in list(groups):
@@ -327,7 +327,7 @@ class TaskRoad:
             claims.running[row.id] = (job.name, entity)
             return _item(job, row, received, message)
         for received, _ in group or ():
-            found.setdefault(received.message_id, _wait_turn(received.receive_count))
+            found.setdefault(received.message_id, turn_wait(received.receive_count))
         if group is not None:
             group.clear()
         if (job.name, entity) in claims.turns:
@@ -361,7 +361,7 @@ def _wait(around_s: float = TURN_WAIT_S) -> Disposition:
     return Disposition("later", WAITING, delay_s=delay, counted=False, keep=True)
 
 
-def _wait_turn(receives: int) -> Disposition:
+def turn_wait(receives: int) -> Disposition:
     """A task that is not its entity's turn yet: back after a delay that doubles with each
     receive (``TURN_WAIT_S`` first, ``TURN_WAIT_MAX_S`` at most), so one waiting behind a
     long task, or behind one waiting for its retry, does not cost a receive (a Lambda

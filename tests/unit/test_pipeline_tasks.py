@@ -1,0 +1,31 @@
+"""A task waiting for its entity's turn: how long it stays away from the queue."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from batchrun.pipeline.tasks import TURN_WAIT_MAX_S, TURN_WAIT_S, turn_wait
+
+
+@pytest.mark.parametrize(
+    ("receives", "around_s"),
+    [(1, TURN_WAIT_S), (2, 2 * TURN_WAIT_S), (4, 8 * TURN_WAIT_S), (30, TURN_WAIT_MAX_S)],
+)
+def test_the_wait_doubles_with_each_receive_up_to_the_cap(receives: int, around_s: float) -> None:
+    random.seed(receives)
+    delays = [turn_wait(receives).delay_s for _ in range(200)]
+    assert all(0.5 * around_s <= d <= 1.5 * around_s for d in delays), (min(delays), max(delays))
+    assert max(delays) - min(delays) > 0.1 * around_s, "jittered, so waiters do not meet again"
+
+
+def test_a_wait_counts_nothing_and_keeps_the_message() -> None:
+    wait = turn_wait(3)
+    assert wait.action == "later"
+    assert wait.counted is False, "waiting for the entity's turn is no outcome of its own"
+    assert wait.keep is True, "kept on the queue with no receive counted toward redrive"
+
+
+def test_a_first_receive_of_zero_is_the_first_wait() -> None:
+    assert turn_wait(0).delay_s <= 1.5 * TURN_WAIT_S
