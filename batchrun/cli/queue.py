@@ -67,7 +67,12 @@ def worker(
     ] = 120.0,
     idle_exit: Annotated[
         float | None,
-        typer.Option("--idle-exit", min=0.0, help="Exit after the queue stays empty this long."),
+        typer.Option(
+            "--idle-exit",
+            min=0.0,
+            help="Exit after the queue stays empty this long (and every task this worker "
+            "put back to wait for its entity's turn has come back).",
+        ),
     ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", metavar="", help="Print one JSON summary.")

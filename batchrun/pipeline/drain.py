@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
 
 from batchrun.db.store import Scope, Store
@@ -95,6 +96,10 @@ def count(result: RetrySummary, verdict: Disposition) -> None:
         result.not_eligible += 1
     elif verdict.busy:
         result.busy += 1  # given back: its backend was busy (no attempt)
+    elif verdict.keep and verdict.action == "later":
+        # a task waiting for its entity's turn: due back after its delay
+        due = time.monotonic() + verdict.delay_s
+        result.waiting_until = max(result.waiting_until, due)
     elif verdict.action == "poison":
         result.processed += 1  # a message that named no entity, dead-lettered unworked
         result.poison += 1

@@ -113,6 +113,9 @@ class RetrySummary(_Report):
     # the named backends called: {name: {calls, throttles, busy_waits, rate}} (no key when
     # none was)
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # when (time.monotonic()) the last task this process put back to wait for its entity's
+    # turn comes back: a worker's --idle-exit waits past it (not in the JSON)
+    waiting_until: float = 0.0
 
     @property
     def exit_code(self) -> int:
@@ -125,6 +128,7 @@ class RetrySummary(_Report):
     def to_json(self) -> dict[str, Any]:
         data = super().to_json()
         del data["unknown_jobs"]
+        del data["waiting_until"]
         if data["error"] is None:
             del data["error"]
         if not data["backends"]:

@@ -269,7 +269,9 @@ class Runtime:
         idle_exit_s: float | None = None,
     ) -> RetrySummary:
         """Consume ``queue`` until stopped (or idle for ``idle_exit_s``): shards, retries,
-        tasks and continuations, each message kept invisible while it is worked on.
+        tasks and continuations, each message kept invisible while it is worked on. Idle:
+        nothing received for ``idle_exit_s``, and every task this worker put back to wait
+        for its entity's turn has come back (a retry's own delay does not hold it).
 
         A mail outage does not end the worker: it backs off (1 s, doubling to 30 s) and
         polls on, so a supervisor never has to restart it; one at its start (the mail
@@ -293,7 +295,14 @@ class Runtime:
                 requeued_at = time.monotonic()
             items = await queue.receive(max_messages=prefetch, visibility_s=visibility_s)
             if not items:
-                if idle_exit_s is not None and time.monotonic() - idle_since >= idle_exit_s:
+                # Idle: nothing received for idle_exit_s, and no task this worker put back
+                # to wait for its entity's turn is still to come back.
+                now = time.monotonic()
+                if (
+                    idle_exit_s is not None
+                    and now - idle_since >= idle_exit_s
+                    and now >= result.waiting_until
+                ):
                     break
                 await self._sleep(IDLE_POLL_S)
                 continue

@@ -1,11 +1,17 @@
-"""A task waiting for its entity's turn: how long it stays away from the queue."""
+"""A task waiting for its entity's turn: how long it stays away from the queue, and that a
+worker's ``--idle-exit`` waits for it to come back."""
 
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
+from batchrun.db.store import State
+from batchrun.pipeline.apply import Disposition
+from batchrun.pipeline.drain import count
+from batchrun.pipeline.reports import RetrySummary
 from batchrun.pipeline.tasks import TURN_WAIT_MAX_S, TURN_WAIT_S, turn_wait
 
 
@@ -29,3 +35,20 @@ def test_a_wait_counts_nothing_and_keeps_the_message() -> None:
 
 def test_a_first_receive_of_zero_is_the_first_wait() -> None:
     assert turn_wait(0).delay_s <= 1.5 * TURN_WAIT_S
+
+
+def test_a_turn_wait_holds_a_workers_idle_exit_until_it_comes_back() -> None:
+    result = RetrySummary()
+    before = time.monotonic()
+    wait = turn_wait(5)
+    count(result, wait)
+    assert before + wait.delay_s <= result.waiting_until <= time.monotonic() + wait.delay_s
+    count(result, turn_wait(1))  # a shorter wait later does not pull it in
+    assert result.waiting_until >= before + wait.delay_s
+    assert "waiting_until" not in result.to_json(), "not a key of the JSON summary"
+
+
+def test_a_retry_delay_does_not_hold_the_idle_exit() -> None:
+    result = RetrySummary()
+    count(result, Disposition("later", "try again", delay_s=3600.0, outcome=State.RETRYING))
+    assert result.waiting_until == 0.0
