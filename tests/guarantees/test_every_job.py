@@ -19,12 +19,12 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
 import pytest
 from support import ROOT
+from support.cli import summary_of, wait_until
 from support.db import query, table_digest
 from support.http_server import GrantsTestServer
 from support.job_cases import CASES, JobCase
@@ -72,22 +72,6 @@ def spawn(
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def wait_until(done: Callable[[], bool], *, timeout: float, step: float = 0.005) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if done():
-            return True
-        time.sleep(step)
-    return done()
-
-
-def summary_of(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
-    """The one JSON object a ``--json`` command printed."""
-    assert result.stdout.strip(), f"no JSON (exit {result.returncode}): {result.stderr}"
-    data: dict[str, Any] = json.loads(result.stdout)
-    return data
 
 
 def run(case: JobCase, db_url: str, *args: str) -> subprocess.CompletedProcess[str]:
