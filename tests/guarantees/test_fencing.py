@@ -208,17 +208,58 @@ def row_lock(race: Race, *, outlast_b: bool = False) -> None:
             )
         else:
             time.sleep(max(0.0, locked_at + 4 * LEASE_S - time.monotonic()))
+            # Released only while B's take-over waits on this very lock: A's heartbeat
+            # (which also retries its lock waits) could otherwise be the waiter that gets
+            # the row first, and A would keep its claims (the outlasting variant's case).
+            wait_until(
+                lambda: lock.blocks(TAKE_OVER),
+                timeout=30,
+                what="B's take-over to wait on the locked row",
+            )
         race.notes["lock_held_s"] = round(time.monotonic() - locked_at, 1)
     finally:
         lock.release()
+
+
+# The statement of a take-over of expired claims (claim_expired in batchrun's ledger.sql);
+# a heartbeat sets lease_until alone.
+TAKE_OVER = "SET owner = "
 
 
 class RowLock:
     """Another session's open transaction holding a row lock (MySQL or PostgreSQL)."""
 
     def __init__(self, db_url: str) -> None:
+        self.db_url = db_url
         self.pg = pg_connect(db_url) if db_url.startswith("postgres") else None
         self.my = None if self.pg is not None else mysql_connect(db_url)
+        self.session = self._session_id()
+
+    def _session_id(self) -> int:
+        if self.pg is not None:
+            return int(self.pg.execute("SELECT pg_backend_pid()").fetchone()[0])
+        assert self.my is not None
+        with self.my.cursor() as cur:
+            cur.execute("SELECT CONNECTION_ID()")
+            return int(cur.fetchone()[0])
+
+    def blocks(self, statement: str) -> bool:
+        """Whether a statement containing ``statement`` waits on this session's locks now
+        (seen from another connection)."""
+        if self.pg is not None:
+            sql = (
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s "
+                "AND %s = ANY(pg_blocking_pids(pid))"
+            )
+        else:
+            sql = (
+                "SELECT count(*) FROM information_schema.INNODB_LOCK_WAITS w "
+                "JOIN information_schema.INNODB_TRX r ON r.trx_id = w.requesting_trx_id "
+                "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id "
+                "WHERE r.trx_query LIKE %s AND b.trx_mysql_thread_id = %s"
+            )
+        ((count,),) = query(self.db_url, sql, f"%{statement}%", self.session)
+        return int(count) > 0
 
     def hold(self, sql: str, args: tuple[Any, ...]) -> None:
         if self.pg is not None:
