@@ -257,8 +257,8 @@ async def settle_messages(
     A message without one (its batch stopped first) comes back later. With
     ``event_source`` (the Lambda's SQS event source mapping) nothing is deleted here: the
     messages returned are the batch's failures (``batchItemFailures``), the rest SQS
-    deletes; a dead one goes straight to the dead-letter queue and is no failure; a
-    poison one is a failure, for the queue's redrive policy to dead-letter; a failure to
+    deletes; a dead or poison one goes straight to the dead-letter queue (logged and
+    dropped when there is none) and is no failure, so it is never delivered again; a failure to
     hide one is logged (SQS's own visibility timeout applies then). A busy one given back
     as a fresh copy (a standard SQS queue, ``DelaySeconds``) is no failure either: SQS
     deletes the original, and its receive count never grows for busy answers.
@@ -274,12 +274,10 @@ async def settle_messages(
                 failed.append(item)
         elif verdict.action == "delete":
             done.append(item)
-        elif verdict.action == "dead" and event_source:
+        elif verdict.action in ("dead", "poison") and event_source:
             await queue.send_dead([(item.body, verdict.reason)])
-        elif verdict.action in ("dead", "poison") and not event_source:
+        elif verdict.action in ("dead", "poison"):
             await queue.dead_letter(item, verdict.reason)
-        elif verdict.action == "poison":
-            failed.append(item)
         else:
             keep = verdict.keep or verdict.unknown_job is not None
             if keep or verdict.delay_s > 0 or not event_source:

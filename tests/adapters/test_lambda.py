@@ -138,16 +138,28 @@ def test_deadline_hands_off_and_sqs_invocations_complete_the_month(
     assert_one_card_and_one_email_each(mysql_url, smtp_server, want)
 
 
-def test_a_poison_record_fails_alone(
+def test_a_poison_record_is_dead_lettered_at_once_and_alone(
     mysql_url: str,
     smtp_server: SmtpTestServer,
     environ: dict[str, str],
+    sqs: Any,
 ) -> None:
     want = sorted(prepare(mysql_url, 600, seed=34))
     event = load_event("sqs_poison.json", USER_1=want[0], USER_2=want[1])
     result = aws_lambda.handle(event, FakeContext(60), environ=environ)
+    # Poison is never delivered again: on the dead-letter queue now, not left for the
+    # redrive policy (up to five more deliveries). A job this function does not know
+    # stays on the queue for a function that does.
     failed = {f["itemIdentifier"] for f in result["batchItemFailures"]}
-    assert failed == {"bad-json", "unknown-job", "missing-field"}
+    assert failed == {"unknown-job"}
+    dlq = sqs.get_queue_url(QueueName="batchrun-dlq")["QueueUrl"]
+    dead = sqs.receive_message(
+        QueueUrl=dlq, MaxNumberOfMessages=10, MessageAttributeNames=["All"]
+    ).get("Messages", [])
+    assert sorted(m["Body"] for m in dead) == sorted(
+        r["body"] for r in event["Records"] if r["messageId"] in ("bad-json", "missing-field")
+    )
+    assert all(m["MessageAttributes"]["reason"]["StringValue"].startswith("poison: ") for m in dead)
     assert smtp_server.sends_per_user() == Counter({want[0]: 1, want[1]: 1})
     assert card_counts(mysql_url, 2025) == {want[0]: 1, want[1]: 1}
 

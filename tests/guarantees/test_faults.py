@@ -607,7 +607,9 @@ def _sqs_record(index: int, body: str) -> dict[str, Any]:
     }
 
 
-def test_poison_records_fail_alone_in_a_lambda_batch(tmp_path: Path, sqlite_url: str) -> None:
+def test_poison_records_are_dead_lettered_alone_in_a_lambda_batch(
+    tmp_path: Path, sqlite_url: str
+) -> None:
     environ = {
         "BATCHRUN_DB": sqlite_url,
         "BATCHRUN_MAIL": f"file://{tmp_path / 'outbox'}",
@@ -620,8 +622,10 @@ def test_poison_records_fail_alone_in_a_lambda_batch(tmp_path: Path, sqlite_url:
     valid = QueueMessage("retry", "birthday", "2025-06", entity_id=good, attempt=1).to_json()
     records = [_sqs_record(i, b) for i, b in enumerate(bodies)] + [_sqs_record(len(bodies), valid)]
     result = aws_lambda.handle({"Records": records}, _Context(), environ=environ)
-    failed = {f["itemIdentifier"] for f in result["batchItemFailures"]}
-    assert failed == {f"m-{i}" for i in range(len(bodies))}, "each poison fails alone"
+    assert result["batchItemFailures"] == [], "poison is dead-lettered, not delivered again"
+    dead = [(row[1], row[3]) for row in _queue_rows(sqlite_url) if row[2]]
+    assert sorted(body for body, _ in dead) == sorted(bodies), "each poison alone, with its reason"
+    assert all(reason.startswith("poison: ") for _, reason in dead), dead
     assert card_counts(sqlite_url, 2025) == {good: 1}
 
 
@@ -635,7 +639,7 @@ def test_a_deeply_nested_json_body_is_poison_not_a_crash(db_url: str, tmp_path: 
     assert [row[2] for row in _queue_rows(db_url)] == [1, 1]
 
 
-def test_a_deeply_nested_record_fails_alone_in_a_lambda_batch(
+def test_a_deeply_nested_record_is_dead_lettered_in_a_lambda_batch(
     tmp_path: Path, sqlite_url: str
 ) -> None:
     environ = {
@@ -646,7 +650,11 @@ def test_a_deeply_nested_record_fails_alone_in_a_lambda_batch(
     assert run_cli("db", "migrate", env=environ).returncode == 0
     records = [_sqs_record(0, NESTED), _sqs_record(1, _retry(kind="explode"))]
     result = aws_lambda.handle({"Records": records}, _Context(), environ=environ)
-    assert {f["itemIdentifier"] for f in result["batchItemFailures"]} == {"m-0", "m-1"}
+    assert result["batchItemFailures"] == []
+    assert [(row[1], row[2]) for row in _queue_rows(sqlite_url)] == [
+        (NESTED, 1),
+        (_retry(kind="explode"), 1),
+    ]
 
 
 # -- 6. hostile and odd data ---------------------------------------------------------------------

@@ -292,9 +292,10 @@ async def test_the_lambdas_event_source_gets_the_failures_back_instead() -> None
     queue = SettleQueue()
     items = [received(m, body=f'{{"m":"{m}"}}') for m in [*DISPOSITIONS, "unworked"]]
     failed = await settle_messages(queue, items, DISPOSITIONS, event_source=True)  # type: ignore[arg-type]
-    assert [f.message_id for f in failed] == ["poison", "later", "waiting", "unworked"]
+    assert [f.message_id for f in failed] == ["later", "waiting", "unworked"]
     assert queue.calls == [
         ("send_dead", [('{"m":"dead"}', "550")]),  # straight to the DLQ: no failure
+        ("send_dead", [('{"m":"poison"}', "not json")]),  # poison too: never delivered again
         ("retry_later", ("later", 30)),
         ("keep", ("waiting", 2)),
         ("give_back", ("busy", '{"busy":1}', 4)),
