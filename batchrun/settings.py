@@ -147,6 +147,9 @@ class Settings:
     mail_url: str = DEFAULT_MAIL
     retry_queue_url: str | None = None  # None: the queue table in the --db database
     sender: str | None = None  # --from; None: each job's own (Job.sender, "{job}@localhost")
+    # BATCHRUN_BRAND: the name templates show as ``brand`` (greeting, signature, footer);
+    # None: the display name of the From ("Acme Gifts <gifts@acme.example>")
+    brand: str | None = None
     mail_timeout_s: float = 10.0
     lease_s: float = 15.0  # a dead run's claims expire this long after its last heartbeat
     breaker_threshold: int = 5  # consecutive connection-level mail failures that stop a run
@@ -190,6 +193,7 @@ class Settings:
             mail_url=env.get("BATCHRUN_MAIL") or DEFAULT_MAIL,
             retry_queue_url=env.get("BATCHRUN_RETRY_QUEUE") or None,
             sender=env.get("BATCHRUN_FROM") or None,
+            brand=(env.get("BATCHRUN_BRAND") or "").strip() or None,
             mail_timeout_s=_float(env, "BATCHRUN_MAIL_TIMEOUT_S", 10.0, minimum=0.1),
             lease_s=_float(env, "BATCHRUN_LEASE_S", 15.0, minimum=0.5),
             breaker_threshold=_int(env, "BATCHRUN_BREAKER_THRESHOLD", 5, minimum=1),

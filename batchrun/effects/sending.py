@@ -137,7 +137,8 @@ class Sender:
         self.from_addr = from_addr
         name, address = parseaddr(from_addr)
         self.domain = address.rpartition("@")[2] or "localhost"
-        self.defaults: dict[str, Any] = {"brand": name or None}
+        # Templates' ``brand``: BATCHRUN_BRAND, else the From's display name.
+        self.defaults: dict[str, Any] = {"brand": settings.brand or name or None}
         self.signer = unsubscribe.Signer.from_settings(settings)
         self.suppressions = Suppressions(store)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import ROOT
@@ -265,3 +266,27 @@ def test_json_on_preview_suppress_and_unsubscribe(env: dict[str, str]) -> None:
         "job": "birthday",
         "added": True,
     }
+
+
+def test_batchrun_brand_names_the_sender_in_the_email_and_the_from_name_otherwise(
+    env: dict[str, str],
+) -> None:
+    migrate_and_seed(env, users=100, seed=1)
+    acme = {**env, "BATCHRUN_FROM": "Acme Gifts <gifts@example.com>"}
+
+    def preview(environ: dict[str, str]) -> dict[str, Any]:
+        shown = invoke(
+            "preview", "birthday", "--period", "2025-06", "--id", "39", "--json", env=environ
+        )
+        assert shown.exit_code == 0, text(shown)
+        return dict(json.loads(shown.stdout))
+
+    by_from = preview(acme)
+    assert "everyone at Acme Gifts wishes" in by_from["text"], by_from["text"]
+    assert "&copy; " in by_from["html"] and "Acme Gifts</p>" in by_from["html"]
+
+    branded = preview({**acme, "BATCHRUN_BRAND": "Zephyr & Co"})
+    assert "everyone at Zephyr & Co wishes" in branded["text"], branded["text"]
+    assert "everyone at Zephyr &amp; Co wishes" in branded["html"]  # escaped in HTML only
+    assert "Acme Gifts" not in branded["text"] + branded["html"]
+    assert branded["headers"]["From"] == "Acme Gifts <gifts@example.com>"  # the From stays
