@@ -19,7 +19,7 @@ from batchrun.control.runrecord import RunRecord
 from batchrun.period import Period
 from batchrun.pipeline import engine
 from batchrun.runtime import Options, Runtime, Summary
-from batchrun.runtime.resources import open_backends, open_queue
+from batchrun.runtime.resources import check_urls, open_backends, open_queue
 
 Concurrency = Annotated[
     int, typer.Option("--concurrency", min=1, help="Entities worked on at once.")
@@ -186,6 +186,9 @@ def _run_job(
         started: list[Summary] = []
         options.on_start = started.append
         try:
+            if dry_run:
+                # Nothing is opened, but a dry run checks the setup the real run would get.
+                check_urls(settings, mail=True, queue=True)
             async with open_backends(
                 settings,
                 mail=not dry_run,

@@ -252,21 +252,29 @@ def from_url(
             endpoint and credentials from.
         concurrency: tasks that use the queue at once (sizes the SQS connection pool).
     """
-    if url is None or url in ("", "local", "db"):
+    if url is None or url in LOCAL_URLS:
         from batchrun.queue.local import LocalQueue
 
         return LocalQueue(db, max_receives=max_receives)
-    scheme = scheme_of(url)
-    if schemes.find("queue", url) is not None:
-        try:
-            from batchrun.queue.sqs import SqsQueue
-        except ImportError as exc:
-            raise ConfigError(
-                f"SQS retry queues need aioboto3 ({exc.name} is missing): "
-                "pip install 'batchrun[aws]'"
-            ) from None
-        return SqsQueue(url, env=env or {}, max_receives=max_receives, concurrency=concurrency)
-    if scheme == "sqs":
+    check_url(url)
+    try:
+        from batchrun.queue.sqs import SqsQueue
+    except ImportError as exc:
+        raise ConfigError(
+            f"SQS retry queues need aioboto3 ({exc.name} is missing): pip install 'batchrun[aws]'"
+        ) from None
+    return SqsQueue(url, env=env or {}, max_receives=max_receives, concurrency=concurrency)
+
+
+LOCAL_URLS = ("", "local", "db")  # the queue table in the --db database
+
+
+def check_url(url: str | None) -> None:
+    """Raise ConfigError unless ``url`` names a retry queue batchrun can open (None or
+    ``LOCAL_URLS``: the table in the --db database; an SQS queue URL)."""
+    if url is None or url in LOCAL_URLS or schemes.find("queue", url) is not None:
+        return
+    if scheme_of(url) == "sqs":
         raise ConfigError(
             f"retry queue {mask_url(url)!r}: give the queue's URL, "
             "https://sqs.REGION.amazonaws.com/ACCOUNT/NAME"

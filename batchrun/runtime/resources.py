@@ -15,6 +15,7 @@ from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.mail.dkim import signer_for
 from batchrun.mail.message import sender_problem
 from batchrun.queue.base import WorkQueue
+from batchrun.queue.base import check_url as check_queue_url
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.settings import Settings
 from batchrun.urls import scheme_of
@@ -29,8 +30,10 @@ class Backends:
     queue: WorkQueue | None
 
 
-def check_urls(settings: Settings, *, mail: bool) -> None:
-    """Reject unknown schemes before connecting to anything (a usage error, exit 2)."""
+def check_urls(settings: Settings, *, mail: bool, queue: bool = False) -> None:
+    """Reject unknown schemes before connecting to anything (a usage error, exit 2):
+    the database's always, the mailer's (and --from) with ``mail``, the retry queue's
+    with ``queue``."""
     if schemes.find("db", settings.db_url) is None:
         raise UsageError(
             f"unknown --db URL scheme {scheme_of(settings.db_url) or '(none)'!r}: use "
@@ -45,6 +48,8 @@ def check_urls(settings: Settings, *, mail: bool) -> None:
             f"unknown --mail URL scheme {scheme_of(settings.mail_url) or '(none)'!r}: "
             f"use one of {schemes.accepted('mail')}"
         )
+    if queue:
+        check_queue_url(settings.retry_queue_url)
 
 
 def _ses_env(settings: Settings) -> dict[str, str]:

@@ -89,3 +89,27 @@ def test_the_tokenizer_reads_each_dialects_string_literals(
 ) -> None:
     queries = Queries(dialect, mark, {})
     assert queries.compile_text(text, text, {"y": 1}) == (sql, (1,))
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (("--mail", "foo://x"), "unknown --mail URL scheme 'foo'"),
+        (("--retry-queue", "foo://x"), "unknown retry queue URL 'foo://x'"),
+        (("--retry-queue", "sqs://q"), "give the queue's URL"),
+        (("--from", "no-at-sign"), "--from 'no-at-sign' is not a usable sender address"),
+    ],
+)
+def test_a_dry_run_checks_the_urls_the_real_run_would_use(
+    tmp_path: Path, option: tuple[str, str], said: str
+) -> None:
+    """A dry run opens no mailer and no queue, but is the check people run before a real
+    run: a typo there is the same usage error, exit 2, with nothing written."""
+    db = f"sqlite:///{tmp_path / 'b.db'}"
+    assert run_cli("db", "migrate", env={"BATCHRUN_DB": db}).returncode == 0
+    for command in (("birthday", "--month", "2025-06"), ("run", "birthday", "--period", "2025-06")):
+        result = run_cli(*option, *command, "--dry-run", env={"BATCHRUN_DB": db})
+        assert result.returncode == 2, result.stderr
+        assert said in one_line(result.stderr), result.stderr
+    fine = run_cli("birthday", "--month", "2025-06", "--dry-run", env={"BATCHRUN_DB": db})
+    assert fine.returncode == 0, fine.stderr
