@@ -4,6 +4,7 @@ the page query uses that index, and passwords never reach an error."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -17,7 +18,7 @@ from batchrun.db import Store, connect
 from batchrun.db.sql import Queries
 from batchrun.errors import DatabaseError
 from batchrun.jobs.birthday import Birthday, demo
-from batchrun.jobs.birthday.explain import verdict
+from batchrun.jobs.birthday.explain import postgresql_index_unused, verdict
 
 INDEX = "idx_user_birth_month_status_id"
 ROWS = 200_000
@@ -135,6 +136,38 @@ def test_db_explain_calls_a_primary_key_plan_slow() -> None:
         {"QUERY PLAN": '  ->  Index Scan using user_pkey on "user"  (cost=0.29..955.34)'},
     ]
     assert verdict("postgresql", plan).startswith("slow: the page query uses index user_pkey")
+
+
+def test_db_explain_on_a_small_table_says_the_index_is_there(postgres_url: str) -> None:
+    """PostgreSQL reads a demo-sized table whole (cheaper than the index): db explain
+    says the index exists rather than asking for a migrate that was done; without the
+    index it still asks for one."""
+    env = {"BATCHRUN_DB": postgres_url}
+    assert run_cli("db", "migrate", env=env).returncode == 0
+    assert run_cli("db", "seed", "--users", "200", env=env).returncode == 0
+
+    def explained() -> dict[str, Any]:
+        result = run_cli("db", "explain", "--month", "2025-06", "--json", env=env)
+        assert result.returncode == 0, result.stderr
+        return dict(json.loads(result.stdout))
+
+    small = explained()
+    plan = " ".join(str(v) for q in small["queries"] for r in q["plan"] for v in r.values())
+    assert "Seq Scan" in plan, plan  # what makes the question: the index is not read
+    assert small["ok"] and small["verdict"].startswith(f"ok: {INDEX} exists; on a table"), small
+    query(postgres_url, f"DROP INDEX {INDEX}")
+    missing = explained()
+    assert not missing["ok"] and "run `batchrun db migrate`" in missing["verdict"], missing
+
+
+def test_db_explain_asks_for_analyze_when_a_large_table_skips_the_index() -> None:
+    slow = verdict("postgresql", [{"QUERY PLAN": 'Seq Scan on "user"  (cost=0.00..9.00)'}])
+    assert slow.startswith("slow:") and "db migrate" in slow
+    large = postgresql_index_unused(slow, True, -1, 50 << 20)
+    assert large.startswith("slow:") and large.endswith('never analyzed): run ANALYZE "user"')
+    assert "db migrate" not in large
+    assert postgresql_index_unused(slow, False, 200, 8192) == slow  # no index: migrate
+    assert postgresql_index_unused(slow, True, 200, 8192).startswith("ok:")
 
 
 async def test_an_invalid_index_left_by_an_interrupted_build_is_rebuilt(

@@ -127,7 +127,13 @@ class Birthday(batchrun.Job):
         from batchrun.jobs.birthday import demo, explain
 
         rows = await demo.explain(ctx.db, ctx.period)
-        return [("the birthday page query", rows)], explain.verdict(ctx.db.dialect, rows)
+        line = explain.verdict(ctx.db.dialect, rows)
+        if ctx.db.dialect == "postgresql" and not line.startswith("ok:"):
+            (found,) = await ctx.db.fetch(ctx.sql("index_and_rows"))
+            line = explain.postgresql_index_unused(
+                line, bool(found["has_index"]), int(found["estimate"]), int(found["bytes"])
+            )
+        return [("the birthday page query", rows)], line
 
     async def status(self, ctx: Context) -> dict[str, int]:
         """Cards of the month, and users still to do (never touched, claimed or retrying)."""

@@ -31,3 +31,12 @@ SELECT MAX(id) FROM "user";
 
 -- name: insert_users
 INSERT INTO "user" (first_name, last_name, email, date_of_birth, status) VALUES :rows;
+
+-- name: index_and_rows
+-- For db explain: whether idx_user_birth_month_status_id exists (and is valid), the
+-- planner's row estimate of "user" (-1: never analyzed) and its size on disk.
+SELECT
+  (SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+   WHERE c.relname = 'idx_user_birth_month_status_id' AND i.indisvalid) AS has_index,
+  (SELECT reltuples::bigint FROM pg_class WHERE oid = '"user"'::regclass) AS estimate,
+  pg_relation_size('"user"') AS bytes;
