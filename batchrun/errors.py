@@ -12,7 +12,9 @@
     ├── MailError                    a message could not be sent; carries a reason
     │   ├── TemporaryMailError       worth retrying later (4xx, timeout, throttling)
     │   │   ├── MailConnectionError  the backend itself is unreachable (feeds the breaker)
-    │   │   │   └── SendingStoppedError  the provider refuses all mail (SES paused): stop now
+    │   │   │   ├── SendingStoppedError  the provider refuses all mail (SES paused): stop now
+    │   │   │   └── MailUnreachableError its check found no server answering (refused,
+    │   │   │                            timed out, dropped): a run hands its period on
     │   │   └── ThrottledError       the provider said slow down: resend, not a failure
     │   └── PermanentMailError       never worth retrying (5xx for the recipient, rejected)
     ├── QueueError                   the retry queue failed or cannot be reached
@@ -89,6 +91,13 @@ class MailConnectionError(TemporaryMailError):
 class SendingStoppedError(MailConnectionError):
     """The provider refuses every message until someone acts (SES sending paused, account
     suspended): the run stops at once, as if the circuit breaker were open."""
+
+
+class MailUnreachableError(MailConnectionError):
+    """The mailer's check (``check()``, before a run) found nothing answering: the connection
+    was refused, timed out or dropped. An outage, not a setup to fix (a refused login, an
+    unknown host, an outbox that cannot be written raise MailConnectionError itself): a run
+    claims nothing and hands its period on to the retry queue, exit 3."""
 
 
 class ThrottledError(TemporaryMailError):

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import socket
+import ssl
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from typing import Any
@@ -29,13 +31,18 @@ from aiobotocore.config import AioConfig
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
     NoCredentialsError,
     ParamValidationError,
+    ReadTimeoutError,
 )
 
 from batchrun.errors import (
     MailConnectionError,
     MailError,
+    MailUnreachableError,
     PermanentMailError,
 )
 from batchrun.job import Skip
@@ -50,6 +57,13 @@ log = logging.getLogger(__name__)
 SES_NO_SMTPUTF8 = "non-ASCII local part: SES does not accept SMTPUTF8 addresses"
 # aiobotocore's own default; a smaller pool would make concurrent sends queue for a socket.
 MIN_POOL_CONNECTIONS = 10
+# What the endpoint not answering looks like through botocore: refused, timed out, dropped.
+NOT_ANSWERING = (
+    EndpointConnectionError,
+    ConnectTimeoutError,
+    ReadTimeoutError,
+    ConnectionClosedError,
+)
 
 
 def endpoint_from_env(env: Mapping[str, str], service_env_name: str) -> str | None:
@@ -217,8 +231,10 @@ class SesMailer:
         emulator without the call) still shows SES reachable and passes.
 
         Raises:
-            MailConnectionError: SES is unreachable or does not answer in time, refuses the
-                credentials, or says sending is paused for the account.
+            MailUnreachableError: the endpoint does not answer: the connection is refused,
+                times out or is dropped.
+            MailConnectionError: SES refuses the credentials or says sending is paused for
+                the account, or the endpoint's host name is unknown or its TLS fails.
         """
         try:
             async with asyncio.timeout(self.timeout):
@@ -235,15 +251,14 @@ class SesMailer:
             log.debug("SES answered GetAccount with %s: reachable", code)
             return
         except TimeoutError as exc:
-            raise MailConnectionError(
+            raise MailUnreachableError(
                 f"SES {self._where()} did not answer within {self.timeout:g} s"
             ) from exc
         except NoCredentialsError as exc:
             raise MailConnectionError(f"SES {self._where()}: {_text(exc)}") from exc
         except (BotoCoreError, aiohttp.ClientError, OSError) as exc:
-            raise MailConnectionError(
-                self._scrub(f"cannot reach SES {self._where()}: {_text(exc)}")
-            ) from exc
+            error = MailUnreachableError if _not_answering(exc) else MailConnectionError
+            raise error(self._scrub(f"cannot reach SES {self._where()}: {_text(exc)}")) from exc
         if account.get("SendingEnabled") is False:
             status = account.get("EnforcementStatus") or "paused"
             raise MailConnectionError(f"SES sending is disabled for this account ({status})")
@@ -323,6 +338,31 @@ def _text(exc: BaseException) -> str:
     """Describe a failure in one short line."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:MAX_REASON_CHARS]
+
+
+def _not_answering(exc: BaseException) -> bool:
+    """Whether a failed call says nothing answers at the endpoint (refused, timed out,
+    dropped), rather than a setup to fix (a host name DNS does not know, TLS, a proxy)."""
+    if isinstance(exc, BotoCoreError):
+        if not isinstance(exc, NOT_ANSWERING):
+            return False
+        cause = exc.kwargs.get("error")  # the HTTP client's own error
+    else:
+        down = aiohttp.ServerDisconnectedError | aiohttp.ServerTimeoutError | ConnectionError
+        if not isinstance(exc, down | aiohttp.ClientConnectorError):
+            return False
+        cause = exc
+    for _ in range(5):  # down the chain: aiohttp's os_error, then the causes
+        if cause is None:
+            break
+        if isinstance(cause, socket.gaierror | ssl.SSLError | aiohttp.ClientSSLError):
+            return False
+        inner = getattr(cause, "os_error", None)
+        if isinstance(inner, BaseException) and inner is not cause:
+            cause = inner
+        else:
+            cause = cause.__cause__
+    return True
 
 
 def _positive(value: object) -> float | None:

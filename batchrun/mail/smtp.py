@@ -16,6 +16,7 @@ import aiosmtplib
 from batchrun.errors import (
     MailConnectionError,
     MailError,
+    MailUnreachableError,
     PermanentMailError,
     TemporaryMailError,
     ThrottledError,
@@ -207,8 +208,11 @@ class SmtpMailer:
         configured), then QUIT; nothing is sent. The preflight of a run.
 
         Raises:
-            MailConnectionError: the server cannot be reached or refuses the session or the
-                login; the message names ``smtp://host:port`` and the cause, no password.
+            MailUnreachableError: nothing answers: the connection is refused, times out or
+                is dropped, or the server says 421 (closing, down for now).
+            MailConnectionError: the server refuses the session or the login, the host name
+                is unknown, TLS fails; the message names ``smtp://host:port`` and the cause,
+                no password.
         """
         where = f"{'smtps' if self._use_tls else 'smtp'}://{self.host}:{self.port}"
         client = self._client()
@@ -217,19 +221,24 @@ class SmtpMailer:
                 await client.connect()
         except BaseException as exc:
             client.close()
+            down = False  # an outage, not a setup to fix
             if isinstance(exc, aiosmtplib.SMTPAuthenticationError):
                 reason = f"{where} refused the login: {_describe(exc.code, exc.message)}"
             elif isinstance(exc, aiosmtplib.SMTPResponseException):
                 reason = f"{where} refused the session: {_describe(exc.code, exc.message)}"
+                down = exc.code == 421  # as a send's 421: connection-level
             elif isinstance(exc, TimeoutError):
                 reason = f"{where} did not answer within {self.timeout:g} s"
+                down = True
             elif isinstance(exc, OSError) or isinstance(exc.__cause__, OSError):
                 reason = f"cannot connect to {where}: {_os_cause(exc)}"
+                down = not _setup_fault(exc)
             elif isinstance(exc, aiosmtplib.SMTPException):
                 reason = f"{where}: {_cause(exc)}"  # no STARTTLS or AUTH offered ...
             else:
                 raise  # cancelled
-            raise MailConnectionError(self._scrub(reason)) from None
+            error = MailUnreachableError if down else MailConnectionError
+            raise error(self._scrub(reason)) from None
         await self._quit(client)
 
     async def close(self) -> None:
@@ -383,6 +392,17 @@ def _cause(exc: BaseException) -> str:
     """Name a connection failure in a few words (refused, reset, TLS ...)."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text[:MAX_REASON_CHARS]
+
+
+def _setup_fault(exc: BaseException) -> bool:
+    """Whether a failed connect is the setup's fault (a host name DNS does not know, TLS
+    that fails) rather than a server not answering (refused, reset, unreachable)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, socket.gaierror | ssl.SSLError):
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def _os_cause(exc: BaseException) -> str:

@@ -6,9 +6,15 @@ and closed, the outbox writable, SES answering). A broken setup then costs one l
 the part and the cause, exit 1, with nothing claimed, created or queued, instead of a card
 and a queued retry per entity and the cause buried in ``batchrun status``::
 
-    mail: cannot connect to smtp://127.0.0.1:2599: Connection refused
     mail: cannot write to notadir: Not a directory
+    mail: smtp://127.0.0.1:2599 refused the login: 535 5.7.8 authentication failed
     retry queue: could not read the attributes of SQS queue http://...: ...
+
+A mail server that does not answer (refused, timed out, dropped: MailUnreachableError) is
+an outage, not a broken setup: a run hands its period on to the retry queue instead (exit
+3, ``Runtime.run``), once the queue's own check has passed::
+
+    mail: cannot connect to smtp://127.0.0.1:2599: Connection refused
 
 The checks write nothing but a file outbox's directory (and a probe file removed at
 once), which is why a dry run, which sends nothing, checks the tables and the queue only.
@@ -26,6 +32,7 @@ from batchrun.db.store import Store
 from batchrun.errors import (
     BatchrunError,
     MailConnectionError,
+    MailUnreachableError,
     NotMigratedError,
     QueueError,
 )
@@ -60,7 +67,8 @@ async def check_queue(queue: WorkQueue, *urls: str | None) -> None:
 
 
 async def check_mailer(mailer: Mailer, *urls: str | None) -> None:
-    """Raise MailConnectionError (``mail: <cause>``) unless ``mailer`` can send now.
+    """Raise MailConnectionError (``mail: <cause>``) unless ``mailer`` can send now: its
+    MailUnreachableError when nothing answers (an outage, not a setup to fix).
 
     A mailer without ``check`` (a wrapper a test or an application made) is trusted.
     """
@@ -71,7 +79,9 @@ async def check_mailer(mailer: Mailer, *urls: str | None) -> None:
     try:
         await check()
     except BatchrunError as exc:
-        raise MailConnectionError(mask_text(f"mail: {exc}", *urls)) from exc
+        down = isinstance(exc, MailUnreachableError)  # an outage: kept apart (Runtime.run)
+        error = MailUnreachableError if down else MailConnectionError
+        raise error(mask_text(f"mail: {exc}", *urls)) from exc
 
 
 async def wait_until_usable(

@@ -8,6 +8,7 @@ claims, creates or queues anything: exit 1 and the cause in one stderr line.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -32,7 +33,7 @@ from typer.testing import CliRunner
 
 from batchrun.cli import app
 from batchrun.db import Store
-from batchrun.errors import MailConnectionError, QueueError
+from batchrun.errors import MailConnectionError, MailUnreachableError, QueueError
 from batchrun.mail.file import FileMailer
 from batchrun.mail.ses import SesMailer
 from batchrun.mail.smtp import SmtpMailer
@@ -229,6 +230,54 @@ async def test_smtp_check_names_a_refused_login_without_the_password(
         await mailer.check()
     assert str(caught.value).startswith(f"smtp://127.0.0.1:{smtp_server.port}: ")
     assert PASSWORD not in str(caught.value)
+
+
+async def greeting(reply: str) -> asyncio.Server:
+    """An SMTP server on a free loopback port that greets with ``reply`` and hangs up."""
+
+    async def greet(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(f"{reply}\r\n".encode())
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(greet, "127.0.0.1", 0)
+
+
+async def test_a_check_tells_a_server_not_answering_from_a_setup_to_fix(
+    smtp_server: SmtpTestServer, aws_env: dict[str, str]
+) -> None:
+    port = closed_port()
+    down: list[tuple[SmtpMailer | SesMailer, str]] = [
+        (SmtpMailer("127.0.0.1", port, timeout=2), "Connection refused"),
+        (
+            SesMailer("us-east-1", env={**aws_env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}),
+            "Could not connect",
+        ),
+    ]
+    fix: list[tuple[SmtpMailer | SesMailer, str]] = [
+        # The test server offers no AUTH: the login fails, as a wrong password would.
+        (
+            SmtpMailer("127.0.0.1", smtp_server.port, username="u", password=PASSWORD, timeout=2),
+            "AUTH",
+        ),
+        (SmtpMailer("no-such-host.invalid", 25, timeout=5), "cannot connect to smtp://"),
+    ]
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never greets
+        down.append((SmtpMailer("127.0.0.1", silent.getsockname()[1], timeout=0.5), "0.5 s"))
+        async with await greeting("421 4.3.2 Service not available") as closing:
+            closing_port = closing.sockets[0].getsockname()[1]
+            down.append((SmtpMailer("127.0.0.1", closing_port, timeout=2), "421 4.3.2"))
+            async with await greeting("554 5.7.1 No SMTP service here") as refusing:
+                refusing_port = refusing.sockets[0].getsockname()[1]
+                fix.append((SmtpMailer("127.0.0.1", refusing_port, timeout=2), "554 5.7.1"))
+                for mailer, says in down + fix:
+                    try:
+                        with pytest.raises(MailConnectionError, match=re.escape(says)) as caught:
+                            await mailer.check()
+                    finally:
+                        await mailer.close()
+                    unreachable = isinstance(caught.value, MailUnreachableError)
+                    assert unreachable is ((mailer, says) in down), caught.value
 
 
 async def test_file_check_creates_the_outbox_and_leaves_no_file(tmp_path: Path) -> None:
