@@ -18,6 +18,7 @@ from batchrun.cli.output import ASKED, Bar, MonthTally, progress_bar, table
 from batchrun.control.runrecord import RunRecord
 from batchrun.period import Period
 from batchrun.pipeline import engine
+from batchrun.pipeline.reports import mail_down
 from batchrun.runtime import Options, Runtime, Summary
 from batchrun.runtime.resources import check_urls, open_backends, open_queue
 
@@ -98,8 +99,10 @@ def birthday(
 
     The same as `batchrun run birthday --period MONTH`. Running the same month again does
     nothing new. Exit 0 when every user is done, 3 when some failed and wait in the retry
-    queue (run `batchrun retry`), 1 on an error (one `error:` line; with --json the
-    summary still, with an "error" key).
+    queue (run `batchrun retry`), or the mail server did not answer (refused, timed out)
+    and the whole month waits there, nothing done; 1 on an error, e.g. a login refused or
+    an outbox not writable (one `error:` line; with --json the summary still, with an
+    "error" key).
     """
     which = period_option("month", month, "--month")
     pace = rate_option(rate)
@@ -142,8 +145,10 @@ def run(
 ) -> None:
     """Run JOB for one period: every entity its page returns, exactly once per its once_per.
 
-    Exit 0 when every entity is done, 3 when some failed and wait in the retry queue, 1 on
-    an error (one `error:` line; with --json the summary still, with an "error" key).
+    Exit 0 when every entity is done, 3 when some failed and wait in the retry queue, or
+    the mail server did not answer (refused, timed out) and the whole period waits there,
+    nothing done (`batchrun retry` does it); 1 on an error, e.g. a login refused (one
+    `error:` line; with --json the summary still, with an "error" key).
     """
     pace = rate_option(rate)
     options = Options(
@@ -224,6 +229,8 @@ def _run_job(
         finally:
             uninstall()
         data = summary.to_json()
+        # The mail backend did not answer at the start: the whole period waits in the queue.
+        unstarted = handed_on_unstarted(summary)
         if as_json:
             print(json.dumps(data))
         else:
@@ -232,13 +239,24 @@ def _run_job(
             paced = {"db_paused_s"} if options.max_db_load is not None else set()
             table(title, data, always=ASKED | set(summary.counters) | paced)
             # A bug stopped it: "the same command goes on" would not be true; its line says.
-            cut_short = summary.error is None and (
-                summary.stopped is not None or options.limit is not None
+            # Nor when it handed the whole period on: `batchrun retry` goes on.
+            cut_short = (
+                summary.error is None
+                and not unstarted
+                and (summary.stopped is not None or options.limit is not None)
             )
             if month is not None and cut_short and not dry_run and month.left(bar.worked):
                 stderr.print(month.say(bar.worked), highlight=False, soft_wrap=True)
-            if summary.exit_code == 3:
+            if summary.exit_code == 3 and not unstarted:
                 stderr.print("some entities wait in the retry queue: run `batchrun retry` later")
+        if unstarted:
+            stderr.print(escape(summary.stopped or ""), highlight=False, soft_wrap=True)
+            stderr.print(
+                f"nothing done: {name} {which} waits in the retry queue; `batchrun retry` "
+                "does it once the mail backend answers",
+                highlight=False,
+                soft_wrap=True,
+            )
         if summary.error is not None:
             stderr.print(f"[red]error:[/] {escape(summary.error)}", highlight=False, soft_wrap=True)
             return 1
@@ -266,9 +284,15 @@ def _run_job(
 
 def _exit_code(summary: Summary, stop: engine.StopToken) -> int:
     """130 for a stop (a signal, `batchrun cancel`), else the summary's own code."""
-    if stop.stopping and summary.stopped and not summary.stopped.startswith("mail"):
+    if stop.stopping and summary.stopped and not mail_down(summary.stopped):
         return 130
     return summary.exit_code
+
+
+def handed_on_unstarted(summary: Summary) -> bool:
+    """Whether the run claimed nothing and handed its whole range on because the mail
+    backend did not answer when it began (``Runtime.run``)."""
+    return summary.continuation and summary.eligible == 0 and mail_down(summary.stopped)
 
 
 def show_paused(runtime: Runtime, bar: Bar, job: str, period: str) -> None:

@@ -19,6 +19,13 @@ class _Report:
         return dict(data)
 
 
+def mail_down(stopped: str | None) -> bool:
+    """Whether a run's ``stopped`` says the mail backend did not answer: its circuit breaker
+    opened (``mail backend unreachable ...``), or its check before the run found it down
+    (``mail: cannot connect to ...``)."""
+    return stopped is not None and stopped.startswith("mail")
+
+
 @dataclass
 class Summary(_Report):
     """The result of one run of a job over a period (or a range of it)."""
@@ -55,11 +62,15 @@ class Summary(_Report):
 
     @property
     def exit_code(self) -> int:
-        """0 all done; 3 some entities wait for a retry (or could not be queued); 1 the
-        run stopped on an error (``error``)."""
+        """0 all done; 3 some entities wait for a retry (or could not be queued), or the
+        mail backend was down and the period (or its rest) waits in the queue as a
+        continuation; 1 the run stopped on an error (``error``)."""
         if self.error is not None:
             return 1
-        return 3 if self.queued_for_retry or self.not_queued else 0
+        if self.queued_for_retry or self.not_queued:
+            return 3
+        # A deadline's or a signal's hand-off is no failure: only a mail outage's counts.
+        return 3 if self.continuation and mail_down(self.stopped) else 0
 
     def count(self, name: str, n: int) -> None:
         self.counters[name] = self.counters.get(name, 0) + n

@@ -5,7 +5,8 @@ the next run (a stop); on a stop with ``handoff`` (the Lambda, a worker) the res
 period goes on through the queue as a continuation carrying what is left of ``--limit``.
 When the circuit breaker opens in a run with ``--limit``, the run claims the rest of its
 share and queues it for retry instead: its share is then fixed, so a rerun's hand-off
-cannot add a second one.
+cannot add a second one. A mail backend that does not answer before the run begins
+(``hand_on``) sends the whole range on the same way, nothing claimed.
 """
 
 from __future__ import annotations
@@ -275,15 +276,50 @@ async def _hand_off(
     if w.queue is None:
         return
     resume = min([pager.cursor, *(i.id - 1 for i in released), *(u - 1 for u in pager.foreign)])
+    summary.continuation = await _send_continuation(w, job, period, resume, until, remaining)
+
+
+async def hand_on(
+    w: Wiring,
+    job: Job,
+    period: Period,
+    options: Options,
+    reason: str,
+    *,
+    after: int = 0,
+    until: int = MAX_ID,
+) -> Summary | None:
+    """The mail backend did not answer before the run began: claim nothing, and hand the
+    whole range (after, until] on as a continuation with all of ``--limit``, for `batchrun
+    retry` (or a consumer) once it answers again. The summary says why (``stopped``); None
+    when there is no queue or it did not take the message (the run then fails)."""
+    if w.queue is None or not await _send_continuation(w, job, period, after, until, options.limit):
+        return None
+    summary = new_summary(job, period, False)
+    if options.on_start is not None:
+        options.on_start(summary)
+    summary.stopped = reason
+    summary.continuation = True
+    # The cause is in ``stopped``, which the CLI prints once (and the Lambda returns).
+    log.info("%s %s: not started, the mail backend does not answer: handed on", job.name, period)
+    return summary
+
+
+async def _send_continuation(
+    w: Wiring, job: Job, period: Period, after: int, until: int, limit: int | None
+) -> bool:
+    """Queue the range (after, until] of ``period``; whether the queue took it."""
+    if w.queue is None:
+        return False
     body = QueueMessage(
-        "continuation", job.name, str(period), after_id=resume, until_id=until, limit=remaining
+        "continuation", job.name, str(period), after_id=after, until_id=until, limit=limit
     ).to_json()
     try:
         await w.queue.send([body])
     except QueueError as exc:
         log.error("could not hand the rest of %s %s on (%s); run it again", job.name, period, exc)
-        return
-    summary.continuation = True
+        return False
+    return True
 
 
 def load_gate(w: Wiring, options: Options, stop: StopToken) -> LoadGate:

@@ -15,7 +15,7 @@ from typing import Any
 from batchrun.control.steering import Steering
 from batchrun.db.store import MAX_ID, Store
 from batchrun.effects.lender import Effects
-from batchrun.errors import NotMigratedError, UsageError
+from batchrun.errors import MailUnreachableError, NotMigratedError, UsageError
 from batchrun.job import Job
 from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
@@ -25,7 +25,7 @@ from batchrun.pipeline.drain import requeue_unqueued, work_batch
 from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.pager import recheck
 from batchrun.pipeline.reports import FanOut, RetrySummary, Summary
-from batchrun.pipeline.run import Options, new_summary, run_period
+from batchrun.pipeline.run import Options, hand_on, new_summary, run_period
 from batchrun.pipeline.wiring import Wiring
 from batchrun.policy.retry import RetryPolicy
 from batchrun.queue.base import QueueMessage, Received, WorkQueue
@@ -118,13 +118,37 @@ class Runtime:
         after: int = 0,
         until: int = MAX_ID,
     ) -> Summary:
-        """Run ``job`` (default: the first) over ``period``, ids in (after, until]."""
+        """Run ``job`` (default: the first) over ``period``, ids in (after, until].
+
+        A mail backend that does not answer when the run begins (refused, timed out,
+        dropped) is an outage, not a broken setup: once the retry queue has passed its
+        check, the run claims nothing and hands the range on to it as a continuation for
+        `batchrun retry`; its summary has ``stopped`` (the cause) and ``continuation``, exit
+        3. Any other failed check raises.
+        """
         which = self._job(job)
         self.effects.compile(which)
         if not dry_run:
             if await self._paused(which, period):
                 return paused_summary(which, period)
-            await self.preflight(which)
+            started = time.monotonic()
+            try:
+                await self.preflight(which)
+            except MailUnreachableError as exc:
+                # The tables and the queue passed (checked first): the period can wait there.
+                summary = await hand_on(
+                    self.wiring,
+                    which,
+                    period,
+                    options or Options(),
+                    str(exc),
+                    after=after,
+                    until=until,
+                )
+                if summary is None:
+                    raise  # no queue took it: a person must run it again
+                summary.duration_s = time.monotonic() - started
+                return summary
         return await run_period(
             self.wiring,
             self.stop,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections import Counter
 from typing import Any
@@ -135,6 +136,32 @@ def test_deadline_hands_off_and_sqs_invocations_complete_the_month(
     results = drain_as_sqs_events(sqs, queue_url, environ, seconds=4)
     assert len(results) >= 2, "the month should need more than one more invocation"
     assert all(r["batchItemFailures"] == [] for r in results)
+    assert_one_card_and_one_email_each(mysql_url, smtp_server, want)
+
+
+def test_a_mail_server_down_at_the_schedule_hands_the_month_to_the_queue(
+    mysql_url: str,
+    smtp_server: SmtpTestServer,
+    environ: dict[str, str],
+    sqs: Any,
+    queue_url: str,
+) -> None:
+    want = prepare(mysql_url, 600, seed=35)
+    with socket.socket() as sock:  # a loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    down = environ | {"BATCHRUN_MAIL": f"smtp://127.0.0.1:{port}"}
+    result = aws_lambda.handle(load_event("schedule.json"), FakeContext(60), environ=down)
+    assert (
+        result["stopped"] == f"mail: cannot connect to smtp://127.0.0.1:{port}: Connection refused"
+    )
+    assert result["continuation"] is True and result["month"] == "2025-06"
+    assert result["eligible"] == result["cards_created"] == result["emails_sent"] == 0
+    assert query(mysql_url, "SELECT COUNT(*) FROM batchrun_ledger") == [(0,)], "nothing claimed"
+    assert query(mysql_url, "SELECT outcome, exit_code FROM batchrun_run") == [("retrying", 3)]
+
+    results = drain_as_sqs_events(sqs, queue_url, environ, seconds=60)
+    assert len(results) == 1 and results[0]["batchItemFailures"] == []
     assert_one_card_and_one_email_each(mysql_url, smtp_server, want)
 
 

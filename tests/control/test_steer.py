@@ -94,7 +94,7 @@ def seeded(db_url: str, smtp_server: SmtpTestServer) -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_history_rows_for_every_outcome(
-    db_url: str, smtp_server: SmtpTestServer, seeded: dict[str, str]
+    db_url: str, smtp_server: SmtpTestServer, seeded: dict[str, str], tmp_path: Path
 ) -> None:
     env = seeded
     ok = run_cli("birthday", "--month", "2025-01", "--json", env=env)
@@ -105,9 +105,10 @@ def test_history_rows_for_every_outcome(
     assert retrying.returncode == 3, retrying.stderr
     smtp_server.set_policy(None)
 
-    failed = run_cli(
-        "--mail", "smtp://127.0.0.1:1", "birthday", "--month", "2025-03", "--json", env=env
-    )
+    # A broken setup (a mail server that is down instead hands the month on: exit 3).
+    (tmp_path / "notadir").write_text("")
+    outbox = f"file://{tmp_path / 'notadir'}"
+    failed = run_cli("--mail", outbox, "birthday", "--month", "2025-03", "--json", env=env)
     assert failed.returncode == 1, failed.stderr
 
     smtp_server.set_latency(0.05)  # a run of some seconds: signals land mid-month

@@ -1,9 +1,12 @@
 """Checks before any effect, a failing tiny run that ends at once, one retry message per
 entity, and a migrate that leaves nothing half made.
 
-A broken setup (an outbox that is a file or cannot be written, an SMTP server nobody runs,
-an SES endpoint that is down, an SQS queue that does not exist) is found before the run
-claims, creates or queues anything: exit 1 and the cause in one stderr line.
+A broken setup (an outbox that is a file or cannot be written, an SQS queue that does not
+exist) is found before the run claims, creates or queues anything: exit 1 and the cause in
+one stderr line. A mail backend that does not answer (an SMTP server nobody runs, an SES
+endpoint that is down) is an outage: the run claims nothing, hands the period on to the
+retry queue as one continuation, says why in one line and exits 3; `batchrun retry` does
+the period once the server answers.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from typing import Any
 import pytest
 from click.testing import Result
 from support.aws_server import MotoServer, answer_with, aws_client
-from support.birthday import migrate_and_seed_demo, seed_users
+from support.birthday import migrate_and_seed_demo, seed_users, want_ids
+from support.checks import assert_one_card_and_one_email_each
 from support.cli import run_cli
 from support.db import query
 from support.periods import month
@@ -46,6 +50,12 @@ SENDER = "birthday@example.com"
 PASSWORD = "pre-flight-S3CRET"
 CLOSING = "421 4.3.2 Service shutting down"  # connection-level: feeds the breaker
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# What DESIGN.md promises every --json summary of a month job holds.
+DESIGN_KEYS = (
+    "job", "month", "dry_run", "eligible", "cards_created", "emails_sent", "failed",
+    "queued_for_retry", "duration_s",
+)  # fmt: skip
+MAIL_DOWN = ("smtp refused", "ses unreachable")  # outages: exit 3, the period handed on
 
 
 def closed_port() -> int:
@@ -71,6 +81,27 @@ def one_error_line(result: Result) -> str:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     return lines[0].removeprefix("error: ")
+
+
+def handed_on(result: Result, expected: str) -> dict[str, Any]:
+    """Exit 3; stderr is the cause's line, then one saying the period waits for `batchrun
+    retry`; the JSON summary (when --json) with ``stopped`` and ``continuation``."""
+    err = ANSI.sub("", result.stderr)
+    assert result.exit_code == 3, (result.exit_code, result.output)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 2 and lines[0].startswith(expected), err
+    assert "waits in the retry queue" in lines[1] and "batchrun retry" in lines[1], err
+    if not result.stdout.lstrip().startswith("{"):
+        return {}
+    data: dict[str, Any] = json.loads(result.stdout)
+    assert data["stopped"] == lines[0] and data["continuation"] is True, data
+    return data
+
+
+def continuations(db_url: str) -> list[dict[str, Any]]:
+    """The bodies of the continuation messages on the local queue."""
+    bodies = [json.loads(str(r[0])) for r in query(db_url, "SELECT body FROM batchrun_queue")]
+    return [b for b in bodies if b["kind"] == "continuation"]
 
 
 def effects(db_url: str) -> tuple[int, int, int]:
@@ -152,6 +183,8 @@ def test_each_broken_setup_is_one_line_exit_1_and_nothing_done(
 ) -> None:
     migrate_and_seed_demo(sqlite_url, 300)
     for case, (env, expected) in broken_setups.items():
+        if case in MAIL_DOWN:
+            continue  # an outage, not a broken setup: the next test
         result = invoke(
             "birthday", "--month", MONTH, "--json", env={"BATCHRUN_DB": sqlite_url, **env}
         )
@@ -165,21 +198,77 @@ def test_each_broken_setup_is_one_line_exit_1_and_nothing_done(
         assert effects(sqlite_url) == (0, 0, 0), f"{case}: something was claimed or queued"
 
 
+def test_a_mail_backend_down_at_the_start_hands_the_period_on(
+    sqlite_url: str, broken_setups: dict[str, tuple[dict[str, str], str]]
+) -> None:
+    migrate_and_seed_demo(sqlite_url, 300)
+    for case in MAIL_DOWN:
+        env, expected = broken_setups[case]
+        result = invoke(
+            "birthday", "--month", MONTH, "--json", env={"BATCHRUN_DB": sqlite_url, **env}
+        )
+        data = handed_on(result, expected)
+        assert PASSWORD not in result.output, case
+        assert all(key in data for key in DESIGN_KEYS), f"{case}: {data}"
+        assert (data["job"], data["month"], data["dry_run"]) == ("birthday", MONTH, False)
+        counts = [data[k] for k in DESIGN_KEYS[3:-1]]
+        assert counts == [0] * len(counts) and "error" not in data, f"{case}: {data}"
+        # Nothing claimed or created: the whole month waits as one continuation.
+        assert effects(sqlite_url) == (0, 0, 1), f"{case}: claimed, created or queued"
+        [body] = continuations(sqlite_url)
+        assert (body["job"], body["period"], body["after_id"]) == ("birthday", MONTH, 0), body
+        assert body.get("limit") is None, body
+        query(sqlite_url, "DELETE FROM batchrun_queue")
+
+
 def test_every_command_that_sends_checks_the_mailer_first(mysql_url: str) -> None:
     migrate_and_seed_demo(mysql_url, 300)
     port = closed_port()
     env = {"BATCHRUN_DB": mysql_url, "BATCHRUN_MAIL": f"smtp://mailer:{PASSWORD}@127.0.0.1:{port}"}
     expected = f"mail: cannot connect to smtp://127.0.0.1:{port}: Connection refused"
-    for args in (
-        ("birthday", "--month", MONTH),
-        ("run", "birthday", "--period", MONTH, "--json"),
-        ("retry", "--json"),
-        # `worker` waits for the mail server instead (test_worker_waits_for_mail.py).
+    # A run finds the server down: nothing claimed, the period (with what --limit asked)
+    # handed on for `batchrun retry`, exit 3.
+    for queued, args in enumerate(
+        (
+            ("birthday", "--month", MONTH),
+            ("run", "birthday", "--period", MONTH, "--limit", "7", "--json"),
+        ),
+        start=1,
     ):
         result = invoke(*args, env=env)
-        assert one_error_line(result) == expected, args
+        handed_on(result, expected)
         assert PASSWORD not in result.output, args
-        assert effects(mysql_url) == (0, 0, 0), args
+        assert effects(mysql_url) == (0, 0, queued), args
+    assert [b.get("limit") for b in continuations(mysql_url)] == [None, 7]
+    # `retry` with the server down leaves the queue as it is: exit 1 (it would only burn
+    # the messages' attempts); `worker` waits for the mail server (test_worker_waits_for_mail.py).
+    result = invoke("retry", "--json", env=env)
+    assert one_error_line(result) == expected
+    assert PASSWORD not in result.output
+    assert effects(mysql_url) == (0, 0, 2)
+
+
+def test_the_period_a_run_handed_on_is_done_by_retry(
+    db_url: str, smtp_server: SmtpTestServer
+) -> None:
+    migrate_and_seed_demo(db_url, 600)
+    want = want_ids(db_url)
+    assert want
+    down = {"BATCHRUN_DB": db_url, "BATCHRUN_MAIL": f"smtp://127.0.0.1:{closed_port()}"}
+    data = handed_on(invoke("birthday", "--month", MONTH, "--json", env=down), "mail: ")
+    assert data["eligible"] == data["emails_sent"] == data["cards_created"] == 0, data
+    assert effects(db_url) == (0, 0, 1)
+    assert not smtp_server.messages
+
+    up = {"BATCHRUN_DB": db_url, "BATCHRUN_MAIL": smtp_server.url}
+    result = invoke("retry", "--json", env=up)
+    assert result.exit_code == 0, result.output
+    drained = json.loads(result.stdout)
+    assert drained["failed"] == drained["remaining"] == 0, drained
+    assert_one_card_and_one_email_each(db_url, smtp_server, want)
+    status = json.loads(invoke("status", "--month", MONTH, "--json", env=up).stdout)
+    assert (status["pending"], status["retrying"], status["retry_queue_depth"]) == (0, 0, 0)
+    assert status["emails_sent"] == len(want), status
 
 
 def test_submit_checks_the_queue_before_queueing(sqlite_url: str, aws_env: dict[str, str]) -> None:
