@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -19,7 +20,7 @@ from batchrun.control.runrecord import RunRecord
 from batchrun.period import Period
 from batchrun.pipeline import engine
 from batchrun.pipeline.reports import mail_down
-from batchrun.runtime import Options, Runtime, Summary
+from batchrun.runtime import Options, Runtime, Summary, new_summary
 from batchrun.runtime.resources import check_urls, open_backends, open_queue
 
 Concurrency = Annotated[
@@ -182,6 +183,7 @@ def _run_job(
     settings = context.settings
 
     async def go() -> int:
+        began = time.monotonic()
         entry = context.registry.entry(name)
         which = _period_of(context, name, period)
         if fan_out is not None:
@@ -223,8 +225,12 @@ def _run_job(
                             await record.end(code, summary.to_json(), stopped=summary.stopped)
         except Exception as exc:
             if as_json:  # what the run reached, and why it ended (the line follows)
-                data = started[0].to_json() if started else {"job": name, "period": str(which)}
-                print(json.dumps({**data, "error": error_text(context, exc)}))
+                if started:
+                    reached = started[0]
+                else:  # it ended before it started: the whole shape, every count at 0
+                    reached = new_summary(entry.job, which, dry_run)
+                    reached.duration_s = time.monotonic() - began
+                print(json.dumps({**reached.to_json(), "error": error_text(context, exc)}))
             raise
         finally:
             uninstall()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Annotated
 
 import typer
@@ -175,14 +176,15 @@ def retry(
     know stay on the queue (unknown_job) and the drain exits 1 naming it: give the job's
     module with --jobs (`batchrun --jobs myjobs.py retry`). An entity whose named backend
     is busy waits up to BATCHRUN_BUSY_WAIT_S, then goes back with a growing delay (counted
-    busy, no attempt). On an error, one `error:` line (and with --json an object with an
-    "error" key), exit 1.
+    busy, no attempt). On an error, one `error:` line (and with --json the summary, its
+    counts at 0, with an "error" key), exit 1.
     """
     context: Invocation = ctx.obj
     settings = context.settings
     pace = rate_option(rate)
 
     async def go() -> int:
+        began = time.monotonic()
         registry = context.registry
         stop = engine.StopToken()
         uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
@@ -203,8 +205,9 @@ def retry(
                     code = 130 if stop.stopping else result.exit_code
                     await record.end(code, result.to_json(), stopped=stop.reason)
         except Exception as exc:
-            if as_json:  # the drain ended on an error: still one JSON object (the line follows)
-                print(json.dumps({"error": error_text(context, exc)}))
+            if as_json:  # the drain ended on an error: still its whole summary (the line follows)
+                ended = RetrySummary(duration_s=time.monotonic() - began)
+                print(json.dumps({**ended.to_json(), "error": error_text(context, exc)}))
             raise
         finally:
             uninstall()

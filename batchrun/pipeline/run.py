@@ -65,6 +65,8 @@ class Options:
 
 
 def new_summary(job: Job, period: Period, dry_run: bool) -> Summary:
+    """The summary of a run of ``job`` over ``period`` that has done nothing yet: every count
+    and the job's counters at 0, ``month`` for a month job."""
     return Summary(
         job.name,
         str(period),

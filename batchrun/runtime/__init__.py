@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from batchrun.pipeline.apply import Disposition
 from batchrun.pipeline.reports import FanOut, RetrySummary, Summary
-from batchrun.pipeline.run import Options
+from batchrun.pipeline.run import Options, new_summary
 from batchrun.runtime.runtime import Runtime
 
-__all__ = ["Disposition", "FanOut", "Options", "RetrySummary", "Runtime", "Summary"]
+__all__ = [
+    "Disposition",
+    "FanOut",
+    "Options",
+    "RetrySummary",
+    "Runtime",
+    "Summary",
+    "new_summary",
+]

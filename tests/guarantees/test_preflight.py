@@ -191,10 +191,14 @@ def test_each_broken_setup_is_one_line_exit_1_and_nothing_done(
         line = one_error_line(result)
         assert line.startswith(expected), f"{case}: {line}"
         assert PASSWORD not in result.output, case
-        # --json still prints one object for a run that did not start: its error, no counts
+        # --json still prints the whole summary of a run that did not start: its error,
+        # every count at 0 (a script reading data["emails_sent"] gets 0, not a KeyError)
         data = json.loads(result.stdout)
         assert data["error"].startswith(expected), f"{case}: {data}"
-        assert "eligible" not in data and "emails_sent" not in data, f"{case}: {data}"
+        assert all(key in data for key in DESIGN_KEYS), f"{case}: {data}"
+        assert (data["job"], data["month"], data["dry_run"]) == ("birthday", MONTH, False)
+        counts = [data[k] for k in DESIGN_KEYS[3:-1]]
+        assert counts == [0] * len(counts) and data["continuation"] is False, f"{case}: {data}"
         assert effects(sqlite_url) == (0, 0, 0), f"{case}: something was claimed or queued"
 
 
@@ -246,6 +250,11 @@ def test_every_command_that_sends_checks_the_mailer_first(mysql_url: str) -> Non
     assert one_error_line(result) == expected
     assert PASSWORD not in result.output
     assert effects(mysql_url) == (0, 0, 2)
+    # --json: the drain's whole summary, its counts at 0, and the error
+    drained = json.loads(result.stdout)
+    assert drained["error"] == expected, drained
+    keys = ("processed", "succeeded", "skipped", "failed", "dead_lettered", "remaining")
+    assert [drained[k] for k in keys] == [0] * len(keys), drained
 
 
 def test_the_period_a_run_handed_on_is_done_by_retry(

@@ -227,10 +227,12 @@ def test_empty_sqlite_file_is_not_migrated(env: dict[str, str], db_file: Path) -
     result = invoke("birthday", "--month", "2025-03", "--json", env=env)
     out = assert_clean_failure(result, 1)
     assert "batchrun db migrate" in out
-    # --json still prints one object: the run that never started, and why
+    # --json still prints the summary of the run that never started, and why
     data = json.loads(result.stdout)
     assert "batchrun db migrate" in data["error"]
-    assert (data["job"], data["period"]) == ("birthday", "2025-03")
+    assert (data["job"], data["period"], data["month"]) == ("birthday", "2025-03", "2025-03")
+    counts = ("eligible", "cards_created", "emails_sent", "failed", "queued_for_retry")
+    assert [data[k] for k in counts] == [0] * len(counts), data
 
 
 def _drop(db_url: str, table: str) -> None:
