@@ -22,6 +22,7 @@ import aiosmtplib
 from batchrun.effects.sending import Sender
 from batchrun.job import Context
 from batchrun.jobs.birthday import Birthday, codes
+from batchrun.mail.message import Message
 from batchrun.mail.smtp_transaction import transaction
 from batchrun.period import parse
 from batchrun.pipeline.engine import StopToken
@@ -35,6 +36,11 @@ def sample_messages(count: int, shape: str = "birthday") -> list[tuple[str, byte
     """``count`` (recipient, raw bytes) pairs built by batchrun's own message code: the
     birthday job's template, rendered and encoded as a run would (``shape="greeting"``:
     the greeting job's subject and text, no template)."""
+    return [(m.to_addr, m.to_bytes()) for m in sample_message_objects(count, shape)]
+
+
+def sample_message_objects(count: int, shape: str = "birthday") -> list[Message]:
+    """The ``Message`` objects of ``sample_messages``, not yet turned into bytes."""
     job = Birthday()
     sender = Sender(
         None,
@@ -61,7 +67,7 @@ def sample_messages(count: int, shape: str = "birthday") -> list[tuple[str, byte
                 template=None,
                 variables={},
             )
-            out.append((message.to_addr, message.to_bytes()))
+            out.append(message)
             continue
         code = codes.new_code()
         redeem = os.environ.get("BATCHRUN_REDEEM_URL")
@@ -82,7 +88,7 @@ def sample_messages(count: int, shape: str = "birthday") -> list[tuple[str, byte
                 "postal_address": os.environ.get("BATCHRUN_POSTAL_ADDRESS") or None,
             },
         )
-        out.append((message.to_addr, message.to_bytes()))
+        out.append(message)
     return out
 
 
