@@ -1,5 +1,5 @@
-"""Commands that run jobs: ``birthday``, ``run``, ``jobs``, ``preview`` (``submit`` is in
-tasks.py)."""
+"""Commands that run jobs: ``birthday``, ``run``, ``jobs`` (``preview`` is in preview.py,
+``submit`` in tasks.py)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ import asyncio
 import contextlib
 import json
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.markup import escape
 
 from batchrun.cli.app import Invocation, app, error_text, period_option, rate_option, run_command
-from batchrun.cli.conventions import examples, print_table, say, stderr
+from batchrun.cli.conventions import examples, print_table, stderr
 from batchrun.cli.output import ASKED, Bar, MonthTally, progress_bar, table
 from batchrun.control.runrecord import RunRecord
 from batchrun.period import Period
@@ -162,7 +161,7 @@ def run(
     _run_job(ctx, job, period, options, dry_run, as_json, fan_out, shard_size)
 
 
-def _period_of(context: Invocation, name: str, period: Period | str | None) -> Period:
+def period_of(context: Invocation, name: str, period: Period | str | None) -> Period:
     if isinstance(period, Period):
         return period
     job = context.registry.get_job(name)
@@ -185,7 +184,7 @@ def _run_job(
     async def go() -> int:
         began = time.monotonic()
         entry = context.registry.entry(name)
-        which = _period_of(context, name, period)
+        which = period_of(context, name, period)
         if fan_out is not None:
             return await _fan_out(context, name, which, fan_out, shard_size, as_json)
         stop = engine.StopToken()
@@ -354,76 +353,6 @@ def jobs(ctx: typer.Context, as_json: Json = False) -> None:
                 for j in described
             ],
         )
-        return 0
-
-    run_command(ctx, go)
-
-
-@app.command(
-    "preview",
-    epilog=examples(
-        "batchrun preview birthday --period 2025-06 --id 42",
-        "batchrun preview birthday --period 2025-06 --id 42 --html card.html",
-        "batchrun preview birthday --period 2025-06 --id 42 --json",
-    ),
-)
-def preview(
-    ctx: typer.Context,
-    job: Annotated[str, typer.Argument(help="The job's name.")],
-    entity: Annotated[int, typer.Option("--id", min=1, help="The entity to render for.")],
-    period: Annotated[
-        str | None, typer.Option("--period", help="The job's period; default: now (UTC).")
-    ] = None,
-    html: Annotated[
-        Path | None, typer.Option("--html", metavar="FILE", help="Also write the HTML part here.")
-    ] = None,
-    as_json: Annotated[
-        bool,
-        typer.Option(
-            "--json",
-            metavar="",
-            help='Print one JSON object: {"job", "period", "id", "from", "to", "subject", '
-            '"message_id", "headers", "text", "html"}.',
-        ),
-    ] = False,
-) -> None:
-    """Print the email JOB would send to entity ID, rendered from its templates.
-
-    Nothing is claimed, written or sent: iterate on a template's copy with it.
-    """
-    context: Invocation = ctx.obj
-    settings = context.settings
-
-    async def go() -> int:
-        which = _period_of(context, job, period)
-        entry = context.registry.entry(job)
-        async with open_backends(settings, jobs=[entry.job]) as backends:
-            message = await context.runtime(backends).preview(job, which, entity)
-        parsed = message.to_email(utf8=True)  # a non-ASCII local part shown as it is
-        text = parsed.get_body(("plain",))
-        if html is not None:
-            html.write_text(message.html, encoding="utf-8")
-            say(f"HTML part written to {html}")
-        if as_json:
-            data = {
-                "job": job,
-                "period": str(which),
-                "id": entity,
-                "from": str(parsed["From"]),
-                "to": str(parsed["To"]),
-                "subject": str(parsed["Subject"]),
-                "message_id": str(parsed["Message-ID"]),
-                "headers": {k: str(v) for k, v in parsed.items()},
-                "text": text.get_content() if text is not None else "",
-                "html": message.html or None,
-            }
-            print(json.dumps(data))
-            return 0
-        for header in ("From", "To", "Subject", "Message-ID", "List-Unsubscribe"):
-            if header in parsed:
-                print(f"{header}: {parsed[header]}")
-        print()
-        print(text.get_content() if text is not None else "")
         return 0
 
     run_command(ctx, go)
