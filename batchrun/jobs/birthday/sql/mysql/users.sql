@@ -30,3 +30,16 @@ SELECT MAX(id) FROM `user`;
 
 -- name: insert_users
 INSERT INTO `user` (first_name, last_name, email, date_of_birth, status) VALUES :rows;
+
+-- name: index_and_rows
+-- For db explain: whether idx_user_birth_month_status_id exists, and the table's row
+-- estimate and size (PostgreSQL's planner may skip an index on a small table; not used
+-- for MySQL, whose plan names the index).
+SELECT
+  (SELECT COUNT(*) FROM information_schema.STATISTICS
+   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'user'
+     AND INDEX_NAME = 'idx_user_birth_month_status_id' AND SEQ_IN_INDEX = 1) AS has_index,
+  COALESCE((SELECT TABLE_ROWS FROM information_schema.TABLES
+   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'user'), -1) AS estimate,
+  COALESCE((SELECT DATA_LENGTH FROM information_schema.TABLES
+   WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'user'), 0) AS bytes;

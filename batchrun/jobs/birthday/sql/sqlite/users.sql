@@ -24,3 +24,13 @@ SELECT MAX(id) FROM user;
 
 -- name: insert_users
 INSERT INTO user (first_name, last_name, email, date_of_birth, status) VALUES :rows;
+
+-- name: index_and_rows
+-- For db explain: whether idx_user_birth_month_status_id exists, and the database's size
+-- (PostgreSQL's planner may skip an index on a small table; not used for SQLite, whose
+-- plan names the index). No row estimate: -1.
+SELECT
+  (SELECT COUNT(*) FROM sqlite_master
+   WHERE type = 'index' AND name = 'idx_user_birth_month_status_id') AS has_index,
+  -1 AS estimate,
+  (SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()) AS bytes;
