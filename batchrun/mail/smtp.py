@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import re
-import socket
 import ssl
 import time
 from typing import TYPE_CHECKING
@@ -24,6 +21,13 @@ from batchrun.errors import (
 from batchrun.mail.address import needs_smtputf8
 from batchrun.mail.deadline import Deadlines
 from batchrun.mail.message import Message
+from batchrun.mail.smtp_reasons import (
+    THROTTLE,
+    failure_line,
+    os_words,
+    reply_line,
+    setup_fault,
+)
 from batchrun.mail.smtp_transaction import transaction
 
 if TYPE_CHECKING:
@@ -36,8 +40,6 @@ log = logging.getLogger(__name__)
 IDLE_PROBE_AFTER_S = 30.0
 # QUIT at close is a courtesy; never let a dying server hold up shutdown for long.
 QUIT_TIMEOUT_S = 2.0
-# Server replies are echoed into reasons that end up in the ledger and on screen.
-MAX_REASON_CHARS = 300
 
 
 class SmtpMailer:
@@ -223,18 +225,18 @@ class SmtpMailer:
             client.close()
             down = False  # an outage, not a setup to fix
             if isinstance(exc, aiosmtplib.SMTPAuthenticationError):
-                reason = f"{where} refused the login: {_describe(exc.code, exc.message)}"
+                reason = f"{where} refused the login: {reply_line(exc.code, exc.message)}"
             elif isinstance(exc, aiosmtplib.SMTPResponseException):
-                reason = f"{where} refused the session: {_describe(exc.code, exc.message)}"
+                reason = f"{where} refused the session: {reply_line(exc.code, exc.message)}"
                 down = exc.code == 421  # as a send's 421: connection-level
             elif isinstance(exc, TimeoutError):
                 reason = f"{where} did not answer within {self.timeout:g} s"
                 down = True
             elif isinstance(exc, OSError) or isinstance(exc.__cause__, OSError):
-                reason = f"cannot connect to {where}: {_os_cause(exc)}"
-                down = not _setup_fault(exc)
+                reason = f"cannot connect to {where}: {os_words(exc)}"
+                down = not setup_fault(exc)
             elif isinstance(exc, aiosmtplib.SMTPException):
-                reason = f"{where}: {_cause(exc)}"  # no STARTTLS or AUTH offered ...
+                reason = f"{where}: {failure_line(exc)}"  # no STARTTLS or AUTH offered ...
             else:
                 raise  # cancelled
             error = MailUnreachableError if down else MailConnectionError
@@ -291,12 +293,12 @@ class SmtpMailer:
         except aiosmtplib.SMTPAuthenticationError as exc:
             client.close()
             raise MailConnectionError(
-                self._scrub(f"{where} refused the login: {_describe(exc.code, exc.message)}")
+                self._scrub(f"{where} refused the login: {reply_line(exc.code, exc.message)}")
             ) from None
         except aiosmtplib.SMTPResponseException as exc:
             client.close()
             raise MailConnectionError(
-                self._scrub(f"{where} refused the session: {_describe(exc.code, exc.message)}")
+                self._scrub(f"{where} refused the session: {reply_line(exc.code, exc.message)}")
             ) from exc
         except TimeoutError as exc:
             client.close()
@@ -304,7 +306,7 @@ class SmtpMailer:
         except (aiosmtplib.SMTPException, OSError) as exc:
             client.close()
             raise MailConnectionError(
-                self._scrub(f"{where}: cannot connect: {_cause(exc)}")
+                self._scrub(f"{where}: cannot connect: {failure_line(exc)}")
             ) from exc
         except BaseException:
             client.close()
@@ -316,7 +318,7 @@ class SmtpMailer:
             except (aiosmtplib.SMTPException, OSError, TimeoutError) as exc:
                 client.close()
                 raise MailConnectionError(
-                    self._scrub(f"{where} refused EHLO: {_cause(exc)}")
+                    self._scrub(f"{where} refused EHLO: {failure_line(exc)}")
                 ) from exc
         self._open.add(client)
         log.debug(
@@ -354,8 +356,8 @@ class SmtpMailer:
 
     def _reply_error(self, exc: aiosmtplib.SMTPResponseException) -> MailError:
         """Map an SMTP error reply to the MailError it means for this message."""
-        reason = self._scrub(_describe(exc.code, exc.message))
-        if exc.code == 454 or (400 <= exc.code < 500 and _THROTTLE.search(exc.message)):
+        reason = self._scrub(reply_line(exc.code, exc.message))
+        if exc.code == 454 or (400 <= exc.code < 500 and THROTTLE.search(exc.message)):
             # "454 Throttling failure: Maximum sending rate exceeded" and its kin: the
             # server wants a lower rate; the job slows down and sends the message again.
             return ThrottledError(reason)
@@ -377,42 +379,3 @@ class SmtpMailer:
         if self._password:
             text = text.replace(self._password, "***")
         return text
-
-
-_THROTTLE = re.compile(r"throttl|sending rate|rate limit|too many|slow down", re.IGNORECASE)
-
-
-def _describe(code: int, message: str) -> str:
-    """Render a reply as one short line, e.g. ``451 4.3.0 try later``."""
-    line = " ".join(f"{code} {message}".split())
-    return line[:MAX_REASON_CHARS]
-
-
-def _cause(exc: BaseException) -> str:
-    """Name a connection failure in a few words (refused, reset, TLS ...)."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:MAX_REASON_CHARS]
-
-
-def _setup_fault(exc: BaseException) -> bool:
-    """Whether a failed connect is the setup's fault (a host name DNS does not know, TLS
-    that fails) rather than a server not answering (refused, reset, unreachable)."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, socket.gaierror | ssl.SSLError):
-            return True
-        cause = cause.__cause__
-    return False
-
-
-def _os_cause(exc: BaseException) -> str:
-    """The operating system's words for a failed connect ("Connection refused")."""
-    # aiosmtplib's SMTPConnectError is an OSError itself, with the socket's error as cause
-    cause = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
-    if isinstance(cause, ssl.SSLError):
-        return f"TLS failed: {cause.reason or _cause(cause)}"
-    if isinstance(cause, socket.gaierror) and cause.strerror:
-        return cause.strerror  # "Name or service not known"
-    if isinstance(cause, OSError) and cause.errno is not None and cause.errno > 0:
-        return os.strerror(cause.errno)  # asyncio's own text names no cause
-    return _cause(cause or exc)
