@@ -198,7 +198,7 @@ def test_cli_events_drains_the_queue_and_status_counts(
 # -- the SQS-triggered Lambda ---------------------------------------------------------------
 
 
-async def test_the_lambda_applies_ses_records_and_fails_only_the_poison(
+async def test_the_lambda_applies_ses_records_and_keeps_the_poison_from_them(
     sqlite_url: str, make_job: Callable[..., Any], tmp_path: Path
 ) -> None:
     await mailed_run(make_job, sqlite_url)
@@ -234,7 +234,13 @@ async def test_the_lambda_applies_ses_records_and_fails_only_the_poison(
     result = await asyncio.to_thread(
         aws_lambda.handle, event, FakeContext(60, "req-events"), environ=environ
     )
-    assert result == {"batchItemFailures": [{"itemIdentifier": "m3"}, {"itemIdentifier": "m4"}]}
+    # Poison on the events queue fails (the redrive policy moves it); on the retry queue
+    # it is dead-lettered at once, as every poison retry message is.
+    assert result == {"batchItemFailures": [{"itemIdentifier": "m3"}]}
+    dead = query(sqlite_url, "SELECT body, dead_reason FROM batchrun_queue WHERE dead = 1")
+    assert [(body, str(reason).startswith("poison: ")) for body, reason in dead] == [
+        (event["Records"][3]["body"], True)
+    ]
     rows = dict(query(sqlite_url, "SELECT address, reason FROM batchrun_suppression"))
     assert rows == {address_key(a_mail): "bounce", address_key(b_mail): "complaint"}
 

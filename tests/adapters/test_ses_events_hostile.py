@@ -127,7 +127,12 @@ async def test_the_lambda_reports_each_crafted_record_alone_and_applies_the_rest
 
     failed = {f["itemIdentifier"] for f in result["batchItemFailures"]}
     # The raw crafted ones name no topic: refused on that ground already, as they should be.
-    assert failed == {"m1", "m2", "m3", "m4", "m5", "m20", "m21"}
+    # On the retry queue the SES-shaped body is poison: dead-lettered at once, not applied.
+    assert failed == {"m1", "m2", "m3", "m4", "m5", "m21"}
+    dead = query(db_url, "SELECT body, dead_reason FROM batchrun_queue WHERE dead = 1")
+    assert [(body, str(reason).startswith("poison: ")) for body, reason in dead] == [
+        (on_retry, True)
+    ]
     rows = dict(query(db_url, "SELECT address, reason FROM batchrun_suppression"))
     assert rows == {address.lower(): "bounce" for _, address in genuine}
     ledger = query(
