@@ -26,6 +26,8 @@ Messages never contain a password: URLs are masked with ``batchrun.urls.mask_url
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class BatchrunError(Exception):
     """Base of every error batchrun reports to a user."""
@@ -130,3 +132,16 @@ class TemplateError(ConfigError):
 
 class JobError(BatchrunError):
     """A job broke its contract at run time (a page out of order, a row without an id)."""
+
+
+def causes(exc: BaseException | None, *, limit: int = 8) -> Iterator[BaseException]:
+    """``exc``, then what it was raised from, down the chain: the ``os_error`` an aiohttp
+    connector error carries where there is one, else ``__cause__``; at most ``limit`` of
+    them, so a chain that loops ends. How a driver's error tells a server that does not
+    answer (refused, timed out) from a setup to fix (a host DNS does not know, TLS)."""
+    for _ in range(limit):
+        if not isinstance(exc, BaseException):  # None, or what a driver left in its place
+            return
+        yield exc
+        inner = getattr(exc, "os_error", None)
+        exc = inner if isinstance(inner, BaseException) and inner is not exc else exc.__cause__

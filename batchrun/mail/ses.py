@@ -44,6 +44,7 @@ from batchrun.errors import (
     MailError,
     MailUnreachableError,
     PermanentMailError,
+    causes,
 )
 from batchrun.job import Skip
 from batchrun.mail.address import needs_smtputf8
@@ -352,17 +353,8 @@ def _not_answering(exc: BaseException) -> bool:
         if not isinstance(exc, down | aiohttp.ClientConnectorError):
             return False
         cause = exc
-    for _ in range(5):  # down the chain: aiohttp's os_error, then the causes
-        if cause is None:
-            break
-        if isinstance(cause, socket.gaierror | ssl.SSLError | aiohttp.ClientSSLError):
-            return False
-        inner = getattr(cause, "os_error", None)
-        if isinstance(inner, BaseException) and inner is not cause:
-            cause = inner
-        else:
-            cause = cause.__cause__
-    return True
+    setup = socket.gaierror | ssl.SSLError | aiohttp.ClientSSLError
+    return not any(isinstance(inner, setup) for inner in causes(cause))
 
 
 def _positive(value: object) -> float | None:

@@ -9,6 +9,8 @@ import re
 import socket
 import ssl
 
+from batchrun.errors import causes
+
 # Server replies are echoed into reasons that end up in the ledger and on screen.
 MAX_REASON_CHARS = 300
 
@@ -31,12 +33,7 @@ def failure_line(exc: BaseException) -> str:
 def setup_fault(exc: BaseException) -> bool:
     """Whether a failed connect is the setup's fault (a host name DNS does not know, TLS
     that fails) rather than a server not answering (refused, reset, unreachable)."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, socket.gaierror | ssl.SSLError):
-            return True
-        cause = cause.__cause__
-    return False
+    return any(isinstance(cause, socket.gaierror | ssl.SSLError) for cause in causes(exc))
 
 
 def os_words(exc: BaseException) -> str:

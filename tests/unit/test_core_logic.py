@@ -14,7 +14,7 @@ import pytest
 from support.periods import current_month, month, parse_month
 
 from batchrun.db.sql import Queries, load, migration_steps, parse
-from batchrun.errors import ConfigError
+from batchrun.errors import ConfigError, causes
 from batchrun.jobs.birthday import Birthday, codes
 from batchrun.period import Period, Unit
 from batchrun.queue import base as queue_base
@@ -632,3 +632,21 @@ def test_a_database_secret_may_be_a_url_or_json() -> None:
     for bad in ('{"username": "x"}', "[1]", "{not json"):
         with pytest.raises(ConfigError):
             url_from_secret(bad)
+
+
+# -- an error's causes ---------------------------------------------------------------------
+
+
+def test_causes_follow_os_error_before_cause_and_end_on_a_loop() -> None:
+    refused = ConnectionRefusedError(111, "Connection refused")
+    wrapper = OSError("cannot connect")
+    wrapper.os_error = refused  # type: ignore[attr-defined]  # as aiohttp's connector errors
+    wrapper.__cause__ = ValueError("not followed: os_error comes first")
+    outer = RuntimeError("send failed")
+    outer.__cause__ = wrapper
+    assert list(causes(outer)) == [outer, wrapper, refused]
+    assert list(causes(None)) == []
+    looped = ValueError("a")
+    other = ValueError("b")
+    looped.__cause__, other.__cause__ = other, looped
+    assert list(causes(looped, limit=5)) == [looped, other, looped, other, looped]
