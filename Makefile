@@ -70,12 +70,13 @@ email-picture: install  ## docs/birthday-email.png, the README's picture of the 
 dashboard-picture: install  ## docs/dashboard.png, the README's picture of `batchrun ui` during a run (needs chromium and chromium-driver)
 	$(BIN)/python docs/dashboard_picture.py
 
-.PHONY: bench bench-quick bench-migrate bench-lean bench-tasks
+.PHONY: bench bench-quick bench-migrate bench-lean bench-tasks bench-versus
 
-bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling, the lean comparison at 1M, then bench-migrate and bench-tasks (MariaDB on 127.0.0.1:3306)
+bench: install  ## the benchmark: 100k and 1M users vs the seed's naive algorithm and the SMTP ceiling, the lean comparison at 1M, then bench-migrate, bench-tasks and bench-versus (MariaDB on 127.0.0.1:3306)
 	$(BIN)/python -m bench.run --repeat 3 --json bench/results.json
 	$(MAKE) bench-migrate
 	$(MAKE) bench-tasks
+	$(MAKE) bench-versus
 
 TASKS ?= 20000
 TASK_ENTITIES ?= 2000
@@ -88,6 +89,13 @@ LEAN_REPEAT ?= 1
 
 bench-lean: install  ## only the lean comparison: batchrun vs bench/lean.py at concurrency 50 and 200, on the bench's sink and Postfix's smtp-sink (LEAN_USERS=1000000)
 	$(BIN)/python -m bench.run --sizes $(LEAN_USERS) --lean-only --repeat $(LEAN_REPEAT) --json bench/results-lean.json
+
+VERSUS_BASE ?= f49fa90
+VERSUS_USERS ?= 1000000
+
+bench-versus: install  ## the birthday run of this tree against VERSUS_BASE's (f49fa90, where "One path for every entity" began), alternating on one smtp-sink
+	$(BIN)/pip install -q aiolimiter  # f49fa90 still imports it; this tree does not
+	$(BIN)/python -m bench.versus --base $(VERSUS_BASE) --users $(VERSUS_USERS) --rounds 2
 
 MIGRATE_ROWS ?= 2000000
 
