@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import email
 import email.policy
+import html
 import random
 import re
 import socket
@@ -139,7 +140,10 @@ def test_message_has_id_date_and_both_utf8_parts() -> None:
     for part in parts.values():
         assert part.get_content_charset() == "utf-8"
     assert parts["text/plain"].get_content().rstrip("\r\n") == message.text
-    assert parts["text/html"].get_content().rstrip("\r\n") == message.html
+    # The HTML's ✓ travels as a character reference: what an HTML reader shows is the same.
+    html_part = parts["text/html"].get_content().rstrip("\r\n")
+    assert html_part == message.html.replace("✓", "&#10003;")
+    assert html.unescape(html_part) == message.html
 
 
 def _encodings(raw: bytes) -> list[str]:
@@ -147,18 +151,21 @@ def _encodings(raw: bytes) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("text", "html", "expected"),
+    ("text", "html_text", "expected"),
     [
         ("Plain ASCII.\n\nSecond paragraph.\n", "<p>Plain</p>", ["7bit", "7bit"]),
         ("Zoë ✓\n", "<p>plain</p>", ["quoted-printable", "7bit"]),
+        # non-ASCII HTML goes as character references, 7bit, unless <style> or <script> holds it
+        ("Zoë\n", "<p>Zoë 🎂</p>", ["quoted-printable", "7bit"]),
+        ("Zoë\n", "<style>p::after{content:'✓'}</style><p>Zoë</p>", ["quoted-printable"] * 2),
         ("a" * 999, "<p>" + "b" * 2000 + "</p>", ["quoted-printable", "quoted-printable"]),
         ("old\r\nmac\rends\n", "", ["7bit"]),  # text only: one part
     ],
 )
 def test_text_parts_are_7bit_or_quoted_printable_never_base64(
-    text: str, html: str, expected: list[str]
+    text: str, html_text: str, expected: list[str]
 ) -> None:
-    message = make_message(text=text, html=html)
+    message = make_message(text=text, html=html_text)
     raw, parsed = parse(message)
     assert _encodings(raw) == expected
     assert all(len(line) <= 998 for line in raw.split(b"\r\n"))
@@ -168,9 +175,14 @@ def test_text_parts_are_7bit_or_quoted_printable_never_base64(
     # CRLF on the wire (the canonical form of text), the text's own lines read back.
     lines = text.replace("\r\n", "\n").replace("\r", "\n")
     assert plain.get_content().replace("\r\n", "\n") == lines
-    if html:
+    if html_text:
         part = parsed.get_body(("html",))
-        assert part is not None and part.get_content().replace("\r\n", "\n") == html
+        assert part is not None
+        got = part.get_content().replace("\r\n", "\n")
+        if expected[1] == "quoted-printable" or html_text.isascii():
+            assert got == html_text  # as written
+        else:  # character references, which an HTML reader shows as the same text
+            assert got.isascii() and html.unescape(got) == html_text
     if expected[0] == "7bit":  # readable as it is on the wire
         assert text.splitlines()[0].encode() in raw
 
@@ -801,7 +813,10 @@ def test_wire_bytes_match_what_the_email_package_would_build(name: str, subject:
     assert str(parsed["Subject"]) == str(reference["Subject"])
     assert parsed["Message-ID"] == message.message_id
     parts = {p.get_content_type(): p.get_content() for p in parsed.iter_parts()}
-    assert parts == {"text/plain": message.text, "text/html": message.html}
+    assert parts.keys() == {"text/plain", "text/html"}
+    assert parts["text/plain"] == message.text
+    # The HTML as its reader shows it (its ✓ travels as &#10003;, 7bit).
+    assert html.unescape(parts["text/html"]) == message.html and parts["text/html"].isascii()
 
 
 @pytest.mark.parametrize(

@@ -362,6 +362,38 @@ def test_text_body_gives_the_general_paths_bytes(text: str) -> None:
     assert mime.text_body(text) == _text_body_general(text)
 
 
+@pytest.mark.parametrize(
+    ("html", "expected"),
+    [
+        ("<p>plain</p>", "<p>plain</p>"),
+        ("<p>Zoë 🎂</p>", "<p>Zo&#235; &#127874;</p>"),
+        (
+            '<a href="https://example.com/café">Café</a>',
+            '<a href="https://example.com/caf&#233;">Caf&#233;</a>',
+        ),
+        # a <style> or <script> without non-ASCII text does not hold the rest back
+        ("<STYLE>p{color:red}</STYLE><p>é</p>", "<STYLE>p{color:red}</STYLE><p>&#233;</p>"),
+        # the text of these is not read for references: left as it is, quoted-printable
+        ("<style>p::after{content:'é'}</style><p>é</p>", None),
+        ("<Script >var a = 'é';</script ><p>x</p>", None),
+        ("<p>x</p><PLAINTEXT>é, to the end", None),
+        ("<noscript>é</noscript>", None),
+    ],
+)
+def test_ascii_html_writes_non_ascii_as_references_outside_raw_text(
+    html: str, expected: str | None
+) -> None:
+    got = mime.ascii_html(html)
+    assert got == (html if expected is None else expected)
+    assert _html_unescape(got) == html
+
+
+def _html_unescape(text: str) -> str:
+    import html
+
+    return html.unescape(text)
+
+
 # -- one timer for every send's deadline -------------------------------------------------
 
 
