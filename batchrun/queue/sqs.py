@@ -12,13 +12,11 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import aioboto3
-import aiohttp
 from aiobotocore.config import AioConfig
-from botocore.exceptions import BotoCoreError, ClientError
 
 from batchrun.errors import QueueError
 from batchrun.queue.base import Received
@@ -32,6 +30,7 @@ from batchrun.queue.sqs_entries import (
     visibility,
 )
 from batchrun.queue.sqs_entries import entry as batch_entry
+from batchrun.queue.sqs_errors import ERRORS, STALE_RECEIPT, error_code, mapped, masked
 from batchrun.urls import mask_url
 
 log = logging.getLogger(__name__)
@@ -40,12 +39,6 @@ MAX_WAIT_S = 20  # SQS's longest long poll
 SEND_ATTEMPTS = 4  # resends of entries a batch reported as Failed, with a short backoff
 SEND_BACKOFF_S = 0.2
 DEFAULT_MAX_RECEIVES = 5
-
-_SECRETS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
-# A receipt that no longer holds the message: it is visible again or another consumer has it,
-# so it comes back anyway and the job's idempotency makes the repeat harmless.
-_STALE_RECEIPT = frozenset({"ReceiptHandleIsInvalid", "MessageNotInflight"})
-_ERRORS = (ClientError, BotoCoreError, aiohttp.ClientError, OSError, TimeoutError)
 
 
 class SqsQueue(SqsDeadLetters):
@@ -180,7 +173,7 @@ class SqsQueue(SqsDeadLetters):
         self._client = None
         self._opened = False
         if stack is not None:
-            with contextlib.suppress(*_ERRORS):
+            with contextlib.suppress(*ERRORS):
                 await stack.aclose()
 
     # -- sending ---------------------------------------------------------------------------
@@ -323,7 +316,7 @@ class SqsQueue(SqsDeadLetters):
                     VisibilityTimeout=visibility(delay_s),
                 )
         except QueueError as exc:
-            if _code(exc.__cause__) not in _STALE_RECEIPT:
+            if error_code(exc.__cause__) not in STALE_RECEIPT:
                 raise
             log.warning("SQS %s: message %s is no longer ours: %s", self.url, item.message_id, exc)
 
@@ -369,36 +362,13 @@ class SqsQueue(SqsDeadLetters):
 
     # -- errors ----------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _mapped(self, action: str, queue_url: str | None = None) -> Iterator[None]:
-        """Turn botocore and network errors into QueueError, with no secret in the text."""
-        try:
-            yield
-        except _ERRORS as exc:
-            self._raise(action, queue_url or self.queue_url, exc)
-
-    def _raise(self, action: str, queue_url: str, exc: BaseException) -> NoReturn:
-        detail = str(exc) or type(exc).__name__
-        raise QueueError(
-            self._mask(f"could not {action} SQS queue {mask_url(queue_url)}: {detail}")
-        ) from exc
+    def _mapped(
+        self, action: str, queue_url: str | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        return mapped(action, queue_url or self.queue_url, self._env)
 
     def _mask(self, text: str) -> str:
-        text = mask_url(text)
-        for key in _SECRETS:
-            secret = self._env.get(key)
-            if secret:
-                text = text.replace(secret, "***")
-        return text
-
-
-def _code(exc: BaseException | None) -> str:
-    """The short error code of a ClientError (``AWS.SimpleQueueService.X`` -> ``X``)."""
-    if not isinstance(exc, ClientError):
-        return ""
-    error = exc.response.get("Error", {})
-    code = str(error.get("QueryErrorCode") or error.get("Code") or "")
-    return code.rsplit(".", 1)[-1]
+        return masked(text, self._env)
 
 
 __all__ = ["MAX_DELAY_S", "SqsQueue", "delay_seconds"]
