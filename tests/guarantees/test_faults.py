@@ -369,6 +369,7 @@ def test_retry_queue_unreachable_keeps_failures_in_the_ledger(
     mysql_url: str, smtp_server: SmtpTestServer, next_run: str
 ) -> None:
     moto = MotoServer().start()
+    moto.reset()  # moto's state lives in this process: earlier tests' queues would clash
     try:
         queue_url = make_sqs_queues(moto)
         env = cli_env(mysql_url, smtp_server.url, BATCHRUN_RETRY_QUEUE=queue_url, **moto.env)

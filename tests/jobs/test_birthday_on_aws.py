@@ -271,6 +271,7 @@ async def test_sqs_down_mid_run_loses_no_failure(
     make_aws_job: Callable[..., Any],
 ) -> None:
     server = MotoServer().start()
+    server.reset()  # moto's state lives in this process: earlier tests' queues would clash
     try:
         env = server.env
         want = await seeded(mysql_url, 1500, seed=44)
