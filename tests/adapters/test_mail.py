@@ -158,6 +158,8 @@ def _encodings(raw: bytes) -> list[str]:
         # non-ASCII HTML goes as character references, 7bit, unless <style> or <script> holds it
         ("Zoë\n", "<p>Zoë 🎂</p>", ["quoted-printable", "7bit"]),
         ("Zoë\n", "<style>p::after{content:'✓'}</style><p>Zoë</p>", ["quoted-printable"] * 2),
+        # a line that references would take past 998 characters: quoted-printable
+        ("Zoë\n", "<p>" + "é" * 300 + "</p>", ["quoted-printable"] * 2),
         ("a" * 999, "<p>" + "b" * 2000 + "</p>", ["quoted-printable", "quoted-printable"]),
         ("old\r\nmac\rends\n", "", ["7bit"]),  # text only: one part
     ],

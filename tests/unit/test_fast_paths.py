@@ -371,13 +371,21 @@ def test_text_body_gives_the_general_paths_bytes(text: str) -> None:
             '<a href="https://example.com/café">Café</a>',
             '<a href="https://example.com/caf&#233;">Caf&#233;</a>',
         ),
-        # a <style> or <script> without non-ASCII text does not hold the rest back
-        ("<STYLE>p{color:red}</STYLE><p>é</p>", "<STYLE>p{color:red}</STYLE><p>&#233;</p>"),
-        # the text of these is not read for references: left as it is, quoted-printable
+        # An element whose text is not read for references: the whole part is left as it
+        # is (quoted-printable), closed or not, in any case, however it ends.
         ("<style>p::after{content:'é'}</style><p>é</p>", None),
+        ("<STYLE>p{color:red}</STYLE><p>é</p>", None),
+        ("<p>x</p><style>p::after{content:'é'}", None),
+        ("<style>p::after{content:'é'}</style/><p>x</p>", None),
+        ("<!--<script>--><style></script>é</style>", None),
         ("<Script >var a = 'é';</script ><p>x</p>", None),
         ("<p>x</p><PLAINTEXT>é, to the end", None),
         ("<noscript>é</noscript>", None),
+        # Characters a reference would not carry: C1 controls (read as Windows-1252) and
+        # a lone surrogate (no character at all)
+        ("<p>é\x80</p>", None),
+        ("<p>é\x9f</p>", None),
+        ("<p>é\ud83d</p>", None),
     ],
 )
 def test_ascii_html_writes_non_ascii_as_references_outside_raw_text(
