@@ -973,12 +973,12 @@ def lean_ratios(results: list[Result]) -> list[dict[str, Any]]:
 
 def _bound(r: Result, lean: Result) -> dict[str, Any]:
     """The most batchrun could reach on this machine if its own process cost nothing: the
-    database and the sink must still do their part of each entity, on ``os.cpu_count()``
-    cores (``bound_users_per_s``, and as a share of the lean sender, ``bound_ratio``)."""
+    database and the sink must still do their part of each entity, on the cores this
+    process may use (``bound_users_per_s``; as a share of the lean sender, ``bound_ratio``)."""
     others = (r.mariadb_cpu_s or 0.0) + (r.sink_cpu_s or 0.0)
     if not others or not r.users or not lean.users_per_s:
         return {}
-    bound = (os.cpu_count() or 1) * r.users / others
+    bound = _cores() * r.users / others
     return {"bound_users_per_s": round(bound, 1), "bound_ratio": round(bound / lean.users_per_s, 3)}
 
 
@@ -1009,11 +1009,16 @@ def lean_goals(ratios: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _bound_words(x: dict[str, Any]) -> str:
     if "bound_ratio" not in x:
         return ""
     return (
-        f"; at most {100 * x['bound_ratio']:.0f}% on these {os.cpu_count()} cores even if "
+        f"; at most {100 * x['bound_ratio']:.0f}% on these {_cores()} cores even if "
         f"batchrun's own CPU were zero (mariadbd's and the sink's CPU per entity)"
     )
 

@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from bench.mysqlstat import Server
+from bench.postfix_sink import PostfixSink
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -50,16 +51,20 @@ def run(tree: Path, cmd: list[str]) -> tuple[dict, float]:
         [PYTHON, "-m", "batchrun", *cmd], env=env, cwd=tree, capture_output=True, text=True
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode not in (0, 3):
+    # 0 only: a run the breaker stopped (3) hands on the rest and would look fast.
+    if done.returncode != 0:
         hint = ""
         if "No module named" in done.stderr:  # f49fa90 still imports aiolimiter, for one
-            hint = "\n(the base needs a package this venv lacks: pip install it, then --reuse)"
+            hint = "\n(the base needs a package this venv lacks: pip install it, run again)"
         raise SystemExit(
             f"{tree}: {' '.join(cmd[2:5])}: exit {done.returncode}: {done.stderr[-400:]}{hint}"
         )
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     lines = done.stdout.strip().splitlines()
-    return (json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}), cpu
+    result = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    if "birthday" in cmd and not result.get("eligible"):
+        raise SystemExit(f"{tree}: the birthday run printed no summary: {done.stdout[-300:]}")
+    return result, cpu
 
 
 def main() -> None:
@@ -75,54 +80,24 @@ def main() -> None:
     parser.add_argument("--keep-db", action="store_true")
     args = parser.parse_args()
 
-    from bench.postfix_sink import PostfixSink
-
     work = tempfile.TemporaryDirectory(prefix="bench-versus-")
     base = Path(work.name) / "base"
     subprocess.run(
         ["git", "worktree", "add", "--detach", "-q", str(base), args.base], cwd=ROOT, check=True
     )
     trees = {"base": base, "head": ROOT}
-    urls = {name: Server(args.mysql).db_url(f"batchrun_versus_{name}") for name in trees}
-    sink = PostfixSink()
-    best: dict[tuple[str, int], list[float]] = {}
+    sink: PostfixSink | None = None
     try:
-        for name, tree in trees.items():
-            if args.reuse:
-                continue
-            database = f"batchrun_versus_{name}"
-            mysql(args.mysql, f"DROP DATABASE IF EXISTS {database}; CREATE DATABASE {database}")
-            run(tree, ["--db", urls[name], "db", "migrate"])
-            run(tree, ["--db", urls[name], "db", "seed", "--users", str(args.users), "--seed", "1"])
-        for number in range(1, args.rounds + 1):
-            for concurrency in map(int, args.concurrency.split(",")):
-                for name, tree in trees.items():
-                    mysql(args.mysql, TABLES, f"batchrun_versus_{name}")
-                    result, cpu = run(
-                        tree,
-                        [
-                            "--db",
-                            urls[name],
-                            "--mail",
-                            f"smtp://127.0.0.1:{sink.port}",
-                            "birthday",
-                            "--month",
-                            "2025-06",
-                            "--concurrency",
-                            str(concurrency),
-                            "--json",
-                        ],
-                    )
-                    eligible = int(result["eligible"])
-                    rate = eligible / result["duration_s"]
-                    ms = cpu / eligible * 1e3
-                    got = best.setdefault((name, concurrency), [0.0, float("inf")])
-                    got[0], got[1] = max(got[0], rate), min(got[1], ms)
-                    print(
-                        f"round {number}  c{concurrency:<4} {name}  {rate:8,.0f} users/s  "
-                        f"{ms:.3f} ms CPU/entity  ({eligible:,} eligible)",
-                        flush=True,
-                    )
+        urls = {name: Server(args.mysql).db_url(f"batchrun_versus_{name}") for name in trees}
+        sink = PostfixSink()
+        if not args.reuse:
+            for name, tree in trees.items():
+                database = f"batchrun_versus_{name}"
+                mysql(args.mysql, f"DROP DATABASE IF EXISTS {database}; CREATE DATABASE {database}")
+                run(tree, ["--db", urls[name], "db", "migrate"])
+                seed = ["db", "seed", "--users", str(args.users), "--seed", "1"]
+                run(tree, ["--db", urls[name], *seed])
+        best = compare(args, trees, urls, sink.port)
         for concurrency in map(int, args.concurrency.split(",")):
             (b_rate, b_ms), (h_rate, h_ms) = best["base", concurrency], best["head", concurrency]
             print(
@@ -131,11 +106,42 @@ def main() -> None:
                 f"{h_ms / b_ms:.0%} of its CPU"
             )
     finally:
-        sink.close()
+        if sink is not None:
+            sink.close()
         subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
         if not args.keep_db:
             for name in trees:
-                mysql(args.mysql, f"DROP DATABASE IF EXISTS batchrun_versus_{name}")
+                try:
+                    mysql(args.mysql, f"DROP DATABASE IF EXISTS batchrun_versus_{name}")
+                except Exception as exc:  # the run's own error, if any, matters more
+                    print(f"could not drop batchrun_versus_{name}: {exc}", file=sys.stderr)
+
+
+def compare(
+    args: argparse.Namespace, trees: dict[str, Path], urls: dict[str, str], port: int
+) -> dict[tuple[str, int], list[float]]:
+    """The rounds: both trees at each concurrency, base first in odd rounds and head first
+    in even ones; each tree's best rate and lowest CPU per entity by concurrency."""
+    best: dict[tuple[str, int], list[float]] = {}
+    for number in range(1, args.rounds + 1):
+        order = list(trees) if number % 2 else list(reversed(trees))
+        for concurrency in map(int, args.concurrency.split(",")):
+            for name in order:
+                mysql(args.mysql, TABLES, f"batchrun_versus_{name}")
+                cmd = ["--db", urls[name], "--mail", f"smtp://127.0.0.1:{port}", "birthday"]
+                cmd += ["--month", "2025-06", "--concurrency", str(concurrency), "--json"]
+                result, cpu = run(trees[name], cmd)
+                eligible = int(result["eligible"])
+                rate = eligible / result["duration_s"]
+                ms = cpu / eligible * 1e3
+                got = best.setdefault((name, concurrency), [0.0, float("inf")])
+                got[0], got[1] = max(got[0], rate), min(got[1], ms)
+                print(
+                    f"round {number}  c{concurrency:<4} {name}  {rate:8,.0f} users/s  "
+                    f"{ms:.3f} ms CPU/entity  ({eligible:,} eligible)",
+                    flush=True,
+                )
+    return best
 
 
 if __name__ == "__main__":

@@ -354,7 +354,7 @@ def _not_answering(exc: BaseException) -> bool:
             return False
         cause = exc
     setup = socket.gaierror | ssl.SSLError | aiohttp.ClientSSLError
-    return not any(isinstance(inner, setup) for inner in causes(cause))
+    return not any(isinstance(inner, setup) for inner in causes(cause, limit=5))
 
 
 def _positive(value: object) -> float | None:
