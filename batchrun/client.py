@@ -48,7 +48,9 @@ class Client:
 
         A key already submitted is a no-op (see ``submit_task`` for whether it was queued).
         Raises ``batchrun.tasks.BadTask`` before anything is queued for data that is not a
-        JSON object or is over 200 KB, or for a job that is not a known Task job."""
+        JSON object or is over 200 KB, or for a job that is not a known Task job; and
+        ``QueueError`` when the queue does not take the message, the submission then taken
+        back, so the same key can be submitted again."""
         return self.submit_task(job, entity_id, data=data, key=key).key
 
     def submit_task(

@@ -46,6 +46,10 @@ class TaskStore:
         )
         return added > 0
 
+    async def withdraw(self, job: str, key: str) -> bool:
+        """Take back a submission no process has started (its message was never sent)."""
+        return await self.db.execute("task_withdraw", job=job, key=key) > 0
+
     async def get(self, job: str, key: str) -> TaskRow | None:
         row = await self.db.fetchone("task_get", job=job, key=key)
         if row is None:

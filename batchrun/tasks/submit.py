@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from batchrun.db.base import Database
@@ -9,6 +10,8 @@ from batchrun.job import Job
 from batchrun.queue.base import QueueMessage, WorkQueue
 from batchrun.task import BadTask, Task, checked
 from batchrun.tasks.store import TaskStore
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +51,10 @@ async def submit(
     """Record and queue one task; a key already submitted is a no-op (``queued`` False).
 
     Everything is checked before anything is written (BadTask). The row is written first,
-    then the message: a send that fails leaves the row for a resubmission of the same key
-    to queue (the caller sees the QueueError)."""
+    then the message. A send that fails takes the row back (the caller sees the
+    QueueError), so a resubmission of the same key queues it: a row left without its
+    message would never run, and would hold up the entity's later tasks behind it. Only a
+    crash between the two, or a database that fails the withdrawal too, leaves one."""
     entity, text, task_key = checked(entity_id, data, key)
     store = TaskStore(db)
     added = await store.submit(job.name, entity, task_key, text)
@@ -59,5 +64,12 @@ async def submit(
             raise BadTask(f"task key {task_key!r} was submitted for entity {row.entity_id}")
         return Submitted(job.name, entity, task_key, queued=False)
     message = QueueMessage("entity_task", job.name, "", entity_id=entity, key=task_key)
-    await queue.send([message.to_json()])
+    try:
+        await queue.send([message.to_json()])
+    except BaseException:
+        try:
+            await store.withdraw(job.name, task_key)
+        except Exception as exc:  # the send's error is the one to report
+            log.error("task %r of job %r recorded but not queued: %s", task_key, job.name, exc)
+        raise
     return Submitted(job.name, entity, task_key, queued=True)

@@ -7,7 +7,7 @@ import json
 from collections import defaultdict
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from support.cli import run_cli
@@ -166,3 +166,33 @@ async def test_a_batch_claims_with_the_one_task_conditions(store: Any) -> None:
     assert await tasks.take_turns("steps", [1], "B", now + 10_000, now) == set()
     await tasks.release_turns("steps", [1, 2], "A")
     assert await tasks.take_turns("steps", [1, 2], "B", now + 10_000, now) == {1, 2}
+
+
+async def test_a_submission_whose_send_fails_is_withdrawn_unless_started(store: Any) -> None:
+    """``submit`` takes its row back when the queue refuses the message, on each database;
+    the withdrawal touches only a submission no process has started."""
+    from batchrun.errors import QueueError
+    from batchrun.queue.base import WorkQueue
+    from batchrun.task import Task
+    from batchrun.tasks.store import TaskStore
+    from batchrun.tasks.submit import submit
+
+    class Refusing:  # the queue's send fails as an unreachable SQS's does
+        async def send(self, bodies: Any, *, delay_s: float = 0.0) -> None:
+            raise QueueError("could not send to SQS queue https://sqs.example/q: refused")
+
+    class Steps(Task):
+        name = "steps"
+
+        async def process(self, ctx: Any, task: Any) -> None:
+            raise AssertionError("not run here")
+
+    tasks = TaskStore(store.db)
+    with pytest.raises(QueueError):
+        await submit(store.db, cast(WorkQueue, Refusing()), Steps(), 5, {"n": 1}, "k1")
+    assert await tasks.get("steps", "k1") is None  # taken back: "k1" can be submitted again
+    assert await tasks.submit("steps", 5, "k1", "{}")
+    row = await tasks.get("steps", "k1")
+    assert row is not None and await tasks.start(row.id, "A", 30.0)
+    assert not await tasks.withdraw("steps", "k1")  # started: never taken back
+    assert await tasks.get("steps", "k1") is not None

@@ -9,12 +9,14 @@ from itertools import pairwise
 from typing import Any
 
 import boto3
+import pytest
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
 from support.db import query
 from support.lambda_context import drain_as_sqs_events
 from support.tasks import JOBS, effects, migrate_task_jobs, start_workers
 
 import batchrun
+from batchrun.errors import QueueError
 
 
 def fifo_queue(env: dict[str, str]) -> str:
@@ -79,3 +81,31 @@ def test_the_sqs_triggered_lambda_serves_tasks(moto_server: MotoServer, mysql_ur
         runs = sorted((r for r in rows if r[0] == uid), key=lambda r: r[3])
         assert [r[1] for r in runs] == submitted[uid]  # in order, even on a standard queue
         assert all(b[3] >= a[4] for a, b in pairwise(runs))
+
+
+def test_a_submit_whose_message_was_not_sent_is_taken_back(mysql_url: str) -> None:
+    """The queue down at a submit: the caller gets the QueueError and the row is taken
+    back, so the same key submitted again is queued and runs, and the entity's next task is
+    not held up behind a row that has no message."""
+    server = MotoServer().start()
+    server.reset()  # moto's state lives in this process: earlier tests' queues would clash
+    try:
+        url, _ = make_queue_with_dlq(server, visibility_s=30)
+        env = {**migrate_task_jobs(mysql_url), **server.env, "BATCHRUN_RETRY_QUEUE": url}
+        with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=server.env) as client:
+            assert client.submit_task("steps", 7, data={"seq": 0}, key="first").queued
+            server.stop()
+            with pytest.raises(QueueError):
+                client.submit("steps", 7, data={"seq": 1}, key="second")
+            keys = query(mysql_url, "SELECT task_key FROM batchrun_entity_task ORDER BY id")
+            assert keys == [("first",)], "the unsent submission is taken back"
+            server.start()  # the queue is back, with its first message (moto kept it)
+            assert client.submit_task("steps", 7, data={"seq": 1}, key="second").queued
+            assert client.submit_task("steps", 7, data={"seq": 2}, key="third").queued
+        for worker in start_workers(env, 1):
+            _, err = worker.communicate(timeout=300)
+            assert worker.returncode == 0, err[-2000:]
+        runs = sorted(effects(mysql_url), key=lambda r: r[3])
+        assert [r[1] for r in runs] == ["first", "second", "third"]  # each once, in order
+    finally:
+        server.stop()

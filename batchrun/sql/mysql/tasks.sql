@@ -4,6 +4,12 @@ INSERT IGNORE INTO batchrun_entity_task
   (job, task_key, entity_id, data, state, attempts, created_at)
 VALUES (:job, :key, :entity_id, :data, 0, 0, :now);
 
+-- name: task_withdraw
+-- A submission whose message could not be sent, taken back while no process has started
+-- it, so that the same key can be submitted again.
+DELETE FROM batchrun_entity_task
+WHERE job = :job AND task_key = :key AND state = 0 AND attempts = 0;
+
 -- name: turn_insert
 INSERT IGNORE INTO batchrun_entity_turn (job, entity_id, owner, lease_until)
 VALUES (:job, :entity_id, NULL, 0);
