@@ -295,7 +295,7 @@ async def hand_on(
     whole range (after, until] on as a continuation with all of ``--limit``, for `batchrun
     retry` (or a consumer) once it answers again. The summary says why (``stopped``); None
     when there is no queue or it did not take the message (the run then fails)."""
-    if w.queue is None or not await _send_continuation(w, job, period, after, until, options.limit):
+    if not await _send_continuation(w, job, period, after, until, options.limit):
         return None
     summary = new_summary(job, period, False)
     if options.on_start is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import NoReturn
 
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
@@ -26,14 +25,10 @@ def mapped(action: str, queue_url: str, env: Mapping[str, str]) -> Iterator[None
     try:
         yield
     except ERRORS as exc:
-        fail(action, queue_url, exc, env)
-
-
-def fail(action: str, queue_url: str, exc: BaseException, env: Mapping[str, str]) -> NoReturn:
-    detail = str(exc) or type(exc).__name__
-    raise QueueError(
-        masked(f"could not {action} SQS queue {mask_url(queue_url)}: {detail}", env)
-    ) from exc
+        detail = str(exc) or type(exc).__name__
+        raise QueueError(
+            masked(f"could not {action} SQS queue {mask_url(queue_url)}: {detail}", env)
+        ) from exc
 
 
 def masked(text: str, env: Mapping[str, str]) -> str:

@@ -9,6 +9,7 @@ import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from html import unescape
 from pathlib import Path
 
 import aiosmtplib
@@ -393,13 +394,7 @@ def test_ascii_html_writes_non_ascii_as_references_outside_raw_text(
 ) -> None:
     got = mime.ascii_html(html)
     assert got == (html if expected is None else expected)
-    assert _html_unescape(got) == html
-
-
-def _html_unescape(text: str) -> str:
-    import html
-
-    return html.unescape(text)
+    assert unescape(got) == html
 
 
 # -- one timer for every send's deadline -------------------------------------------------
