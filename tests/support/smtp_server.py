@@ -327,11 +327,17 @@ class SmtpTestServer:
         controller, self._controller = self._controller, None
         if controller is None:
             return
-        # Close client transports first, so nothing is left for the garbage collector
-        # to find open (a ResourceWarning would fail a test under filterwarnings=error).
-        future = asyncio.run_coroutine_threadsafe(self._drop_clients(), controller.loop)
+        # Stop accepting, then close client transports, so nothing is left for the
+        # garbage collector to find open (a ResourceWarning would fail a test under
+        # filterwarnings=error): a client that reconnected between the two would be.
+        future = asyncio.run_coroutine_threadsafe(self._close(controller), controller.loop)
         future.result(timeout=10)
         controller.stop()
+
+    async def _close(self, controller: Controller) -> None:
+        if controller.server is not None:
+            controller.server.close()
+        await self._drop_clients()
 
     async def _drop_clients(self) -> None:
         with self._rec.cond:
