@@ -46,7 +46,10 @@ class Client:
     ) -> str:
         """Queue one task for ``entity_id``; return its key (a new one when none is given).
 
-        A key already submitted is a no-op (see ``submit_task`` for whether it was queued).
+        A key already submitted is a no-op (see ``submit_task`` for whether it was queued),
+        unless its task was never started ``BATCHRUN_TASK_RESEND_S`` (300) after its
+        submission: its message looks lost (its submitter died before sending it) and is
+        sent again.
         Raises ``batchrun.tasks.BadTask`` before anything is queued for data that is not a
         JSON object or is over 200 KB, or for a job that is not a known Task job; and
         ``QueueError`` when the queue does not take the message, the submission then taken
@@ -71,7 +74,9 @@ class Client:
     ) -> Submitted:
         task = task_job(self.jobs, job)  # before connecting: an unknown job queues nothing
         db, queue = await self._open()
-        return await submit(db, queue, task, entity_id, data, key)
+        return await submit(
+            db, queue, task, entity_id, data, key, resend_after_s=self.settings.task_resend_s
+        )
 
     async def _open(self) -> tuple[Database, WorkQueue]:
         async with self._opening:

@@ -165,6 +165,9 @@ class Settings:
     # how long a consumer's entity waits in-process for a busy backend before it goes back
     # to the queue (a run waits until the backend is free, or it stops)
     busy_wait_s: float = 30.0
+    # a submitted task still not started this long after its submission looks lost (its
+    # submitter died before sending the message): its message is sent again
+    task_resend_s: float = 300.0
     extra: Mapping[str, str] = field(default_factory=dict)
     scheduled_jobs: str | None = None  # the Lambda's: the jobs a scheduled event runs
     jobs: str | None = None  # --jobs: modules or .py files defining jobs, comma-separated
@@ -206,6 +209,7 @@ class Settings:
             concurrency=_int(env, "BATCHRUN_CONCURRENCY", 20, minimum=1),
             rate=parse_rate(rate, "BATCHRUN_RATE") if rate else None,
             busy_wait_s=_float(env, "BATCHRUN_BUSY_WAIT_S", 30.0),
+            task_resend_s=_float(env, "BATCHRUN_TASK_RESEND_S", 300.0, minimum=1.0),
             max_db_load=(
                 _int(env, "BATCHRUN_MAX_DB_LOAD", 0, minimum=1)
                 if env.get("BATCHRUN_MAX_DB_LOAD")

@@ -41,14 +41,27 @@ async def submit_task(
         checked(ids[0], parsed, key)  # before connecting to anything
         async with open_backends(context.settings, queue=True, jobs=[job]) as backends:
             assert backends.queue is not None
-            done = await submit_one(backends.store.db, backends.queue, job, ids[0], parsed, key)
+            done = await submit_one(
+                backends.store.db,
+                backends.queue,
+                job,
+                ids[0],
+                parsed,
+                key,
+                resend_after_s=context.settings.task_resend_s,
+            )
     except BadTask as exc:
         raise UsageError(str(exc)) from None
     if as_json:
         print(json.dumps(done.as_json()))
     else:
         print(done.key)
-        if not done.queued:
+        if done.resent:
+            stderr.print(
+                f"task {done.key} was submitted before but never started: sent again",
+                highlight=False,
+            )
+        elif not done.queued:
             stderr.print(f"task {done.key} was submitted before: nothing queued", highlight=False)
     return 0
 
@@ -78,7 +91,11 @@ def submit(
     ] = None,
     key: Annotated[
         str | None,
-        typer.Option("--key", help="A task job's task key: a key submitted before is a no-op."),
+        typer.Option(
+            "--key",
+            help="A task job's task key: a key submitted before is a no-op, unless its task"
+            " never started BATCHRUN_TASK_RESEND_S (300) later: its message is sent again.",
+        ),
     ] = None,
     data: Annotated[
         str | None,

@@ -44,6 +44,8 @@ from batchrun.policy.busy import busy_delay_s
 from batchrun.policy.pacing import CircuitBreaker, stopped_by_breaker
 from batchrun.policy.rate import AdaptiveRate
 from batchrun.queue.base import PoisonMessage, QueueMessage, Received, UnknownJob, backoff_s
+from batchrun.tasks.resend import LostTaskSweep
+from batchrun.tasks.store import TaskStore
 
 log = logging.getLogger(__name__)
 NOT_ELIGIBLE = "not eligible any more"
@@ -65,6 +67,7 @@ class Consumer:
         self.bugs = BugStreak(w.settings.bug_threshold)
         self._limiter: AdaptiveRate | None = None
         self._limiter_made = False
+        self._lost_tasks: LostTaskSweep | None = None  # made with the first task message
 
     async def limiter(self, options: Options) -> AdaptiveRate | None:
         """One pacer for the consumer's life (``--rate``)."""
@@ -72,6 +75,13 @@ class Consumer:
             self._limiter = await self.w.effects.limiter(options.rate)
             self._limiter_made = True
         return self._limiter
+
+    def lost_tasks(self) -> LostTaskSweep | None:
+        """One look-out for lost tasks for the consumer's life (``tasks/resend.py``)."""
+        if self._lost_tasks is None and self.w.queue is not None:
+            store, after_s = TaskStore(self.w.store.db), self.w.settings.task_resend_s
+            self._lost_tasks = LostTaskSweep(store, self.w.queue, after_s=after_s)
+        return self._lost_tasks
 
     async def process(
         self, items: Sequence[Received], options: Options
@@ -120,7 +130,9 @@ class Consumer:
         if tasks:
             from batchrun.pipeline.tasks import TaskRoad
 
-            road = TaskRoad(self.w, self.jobs, self.stop, self.breaker, self.bugs)
+            road = TaskRoad(
+                self.w, self.jobs, self.stop, self.breaker, self.bugs, self.lost_tasks()
+            )
             found.update(await road.process(tasks, options))
             broken = broken or self.breaker.open
         return found, broken, lost_claims, parsed

@@ -41,6 +41,7 @@ from batchrun.policy.bugs import BugStreak
 from batchrun.policy.pacing import CircuitBreaker
 from batchrun.queue.base import QueueMessage, Received
 from batchrun.task import Task, TaskItem
+from batchrun.tasks.resend import LostTaskSweep
 from batchrun.tasks.store import TaskRow, TaskState, TaskStore
 
 log = logging.getLogger(__name__)
@@ -109,12 +110,14 @@ class TaskRoad:
         stop: StopToken,
         breaker: CircuitBreaker,
         bugs: BugStreak,
+        lost_tasks: LostTaskSweep | None = None,
     ) -> None:
         self.w = w
         self.jobs = jobs
         self.stop = stop
         self.breaker = breaker
         self.bugs = bugs
+        self.lost_tasks = lost_tasks
         self.store = TaskStore(w.store.db)
 
     async def process(self, entries: Sequence[Entry], options: Options) -> dict[str, Disposition]:
@@ -242,6 +245,9 @@ class TaskRoad:
                 )
         for received, _ in entries:
             found.setdefault(received.message_id, _wait())
+        if self.lost_tasks is not None:  # what they wait behind may have lost its message
+            waiting = [m.entity_id for r, m in entries if found[r.message_id].keep]
+            await self.lost_tasks.behind(job.name, waiting, {m.key for _, m in entries})
         return found
 
     async def _source(

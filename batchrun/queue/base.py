@@ -65,12 +65,16 @@ class QueueMessage:
     # times in a row a consumer gave this entity (or task) back because its backend was
     # busy: the next give-back waits longer (``policy.busy.busy_delay_s``)
     busy: int = 0
+    # an entity_task sent again because its first message looked lost (tasks/resend.py):
+    # on a FIFO queue it goes in a group of its own, not behind the messages waiting for it
+    resent: bool = False
 
     def to_json(self) -> str:
         busy = {"busy": self.busy} if self.busy else {}
         if self.kind == "entity_task":
             task = {"v": 2, "kind": self.kind, "job": self.job, "id": self.entity_id}
-            return json.dumps({**task, "key": self.key, **busy}, separators=(",", ":"))
+            resent = {"resent": 1} if self.resent else {}
+            return json.dumps({**task, "key": self.key, **busy, **resent}, separators=(",", ":"))
         body: dict[str, Any] = {"v": 2, "kind": self.kind, "job": self.job, "period": self.period}
         if self.kind in ("retry", "task"):
             body.update(id=self.entity_id, attempt=self.attempt, reason=self.reason[:300])
@@ -153,7 +157,8 @@ class QueueMessage:
             raise PoisonMessage(f"bad id {entity_id!r}")
         if not isinstance(key, str) or not 0 < len(key) <= TASK_KEY_MAX:
             raise PoisonMessage("bad task key")
-        return cls("entity_task", job, "", entity_id=entity_id, key=key)
+        resent = body.get("resent", 0) == 1
+        return cls("entity_task", job, "", entity_id=entity_id, key=key, resent=resent)
 
 
 def _is_int(value: object) -> TypeGuard[int]:

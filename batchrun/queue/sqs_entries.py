@@ -133,8 +133,11 @@ def fifo_keys(body: str, call: str) -> tuple[str, str]:
     entity = data.get("id", data.get("user_id"))
     kind = data.get("kind")
     if kind == "entity_task" and entity is not None:
-        # One group per entity keeps its tasks in submission order; a key runs once.
-        return f"{job}:{entity}", f"{job}:task:{data.get('key')}"
+        # One group per entity keeps its tasks in submission order; a key runs once. A
+        # task sent again because it looked lost has a group of its own: in the entity's,
+        # it would come after the messages that wait for it (the database keeps the order).
+        group = f"{job}:{entity}:resent" if data.get("resent") == 1 else f"{job}:{entity}"
+        return group, f"{job}:task:{data.get('key')}"
     if kind in ("retry", "task") and entity is not None:
         group = f"{job}:{entity}"
         if kind == "task":

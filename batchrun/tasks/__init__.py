@@ -1,4 +1,5 @@
-"""Tasks an application submits: their tables (store.py) and how one is queued (submit.py).
+"""Tasks an application submits: their tables (store.py), how one is queued (submit.py)
+and how a lost one is sent again (resend.py).
 
 ``batchrun.Task`` itself is in batchrun/task.py; a consumer runs tasks on the road like
 every other entity (batchrun/pipeline/tasks.py).

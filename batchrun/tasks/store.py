@@ -50,6 +50,22 @@ class TaskStore:
         """Take back a submission no process has started (its message was never sent)."""
         return await self.db.execute("task_withdraw", job=job, key=key) > 0
 
+    async def claim_resend(self, job: str, key: str, now: int, cutoff: int) -> bool:
+        """Whether this process is to send ``key``'s message again: its task was never
+        started, submitted before ``cutoff`` (ms) and not sent again since (one process
+        wins each period). ``now`` and ``cutoff`` are on the database's clock."""
+        claimed = await self.db.execute(
+            "task_claim_resend", job=job, key=key, now=now, cutoff=cutoff
+        )
+        return claimed > 0
+
+    async def lost_firsts(self, job: str, entities: list[int], cutoff: int) -> dict[int, str]:
+        """Of ``entities``, the oldest unfinished tasks that look lost: key by entity."""
+        if not entities:
+            return {}
+        rows = await self.db.fetchall("task_lost_firsts", job=job, ids=entities, cutoff=cutoff)
+        return {int(r[0]): str(r[1]) for r in rows}
+
     async def get(self, job: str, key: str) -> TaskRow | None:
         row = await self.db.fetchone("task_get", job=job, key=key)
         if row is None:

@@ -9,9 +9,11 @@ from batchrun.db.base import Database
 from batchrun.job import Job
 from batchrun.queue.base import QueueMessage, WorkQueue
 from batchrun.task import BadTask, Task, checked
+from batchrun.tasks.resend import resend_if_lost
 from batchrun.tasks.store import TaskStore
 
 log = logging.getLogger(__name__)
+RESEND_AFTER_S = 300.0  # BATCHRUN_TASK_RESEND_S: a task never started this long looks lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +22,7 @@ class Submitted:
     entity_id: int
     key: str
     queued: bool  # False: the key was submitted before, nothing changed
+    resent: bool = False  # the key was submitted before; its message looked lost: sent again
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -47,8 +50,12 @@ async def submit(
     entity_id: object,
     data: object = None,
     key: object = None,
+    *,
+    resend_after_s: float = RESEND_AFTER_S,
 ) -> Submitted:
-    """Record and queue one task; a key already submitted is a no-op (``queued`` False).
+    """Record and queue one task; a key already submitted is a no-op (``queued`` False),
+    unless its message looks lost: never started ``resend_after_s`` after it was
+    submitted, it is sent again (``queued`` True; ``tasks/resend.py``).
 
     Everything is checked before anything is written (BadTask). The row is written first,
     then the message. A send that fails takes the row back (the caller sees the
@@ -62,7 +69,10 @@ async def submit(
         row = await store.get(job.name, task_key)
         if row is not None and row.entity_id != entity:
             raise BadTask(f"task key {task_key!r} was submitted for entity {row.entity_id}")
-        return Submitted(job.name, entity, task_key, queued=False)
+        resent = row is not None and await resend_if_lost(
+            store, queue, job.name, entity, task_key, resend_after_s
+        )
+        return Submitted(job.name, entity, task_key, queued=resent, resent=resent)
     message = QueueMessage("entity_task", job.name, "", entity_id=entity, key=task_key)
     try:
         await queue.send([message.to_json()])

@@ -382,6 +382,19 @@ async def test_fifo_groups_by_user_and_deduplicates_a_resend(
     assert await queue.depths() == (5, 0)
 
 
+async def test_fifo_groups_a_task_sent_again_apart_from_its_entitys_waiting_ones(
+    queues: Queues, make_queue: Callable[..., SqsQueue], sqs: Any
+) -> None:
+    queue = make_queue(queues.fifo)
+    waiting = QueueMessage("entity_task", "steps", "", entity_id=7, key="k2")
+    lost = QueueMessage("entity_task", "steps", "", entity_id=7, key="k1", resent=True)
+    await queue.send([waiting.to_json(), lost.to_json()])
+    messages = await read_raw(sqs, queues.fifo)
+    groups = sorted((m["Attributes"]["MessageGroupId"], m["Body"]) for m in messages)
+    assert groups == [("steps:7", waiting.to_json()), ("steps:7:resent", lost.to_json())]
+    assert QueueMessage.from_json(lost.to_json(), {"steps": "day"}) == lost  # type: ignore[dict-item]
+
+
 async def test_fifo_dead_letter_and_send_dead(
     queues: Queues, make_queue: Callable[..., SqsQueue], sqs: Any
 ) -> None:

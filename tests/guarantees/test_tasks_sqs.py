@@ -3,12 +3,10 @@ in submission order (each user its own MessageGroupId)."""
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from itertools import pairwise
 from typing import Any
 
-import boto3
 import pytest
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
 from support.db import query
@@ -19,25 +17,9 @@ import batchrun
 from batchrun.errors import QueueError
 
 
-def fifo_queue(env: dict[str, str]) -> str:
-    sqs = boto3.client(
-        "sqs",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        region_name=env["AWS_REGION"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-    )
-    fifo = {"FifoQueue": "true"}
-    dlq = sqs.create_queue(QueueName="tasks-dlq.fifo", Attributes=fifo)["QueueUrl"]
-    arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]
-    policy = json.dumps({"deadLetterTargetArn": arn["QueueArn"], "maxReceiveCount": 5})
-    attributes = {**fifo, "RedrivePolicy": policy}
-    return str(sqs.create_queue(QueueName="tasks.fifo", Attributes=attributes)["QueueUrl"])
-
-
 def test_four_workers_on_sqs_fifo(moto_server: MotoServer, mysql_url: str) -> None:
     moto_server.reset()
-    url = fifo_queue(moto_server.env)
+    url, _ = make_queue_with_dlq(moto_server, "tasks", dlq_name="tasks-dlq", fifo=True)
     env = {**migrate_task_jobs(mysql_url), **moto_server.env, "BATCHRUN_RETRY_QUEUE": url}
     submitted: dict[int, list[str]] = defaultdict(list)
     with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto_server.env) as client:

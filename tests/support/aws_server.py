@@ -105,17 +105,23 @@ def make_queue_with_dlq(
     dlq_name: str = "batchrun-dlq",
     max_receives: int = 5,
     visibility_s: int | None = None,
+    fifo: bool = False,
 ) -> tuple[str, str]:
-    """A queue whose redrive policy dead-letters after ``max_receives``; (its URL, the DLQ's)."""
+    """A queue whose redrive policy dead-letters after ``max_receives``; (its URL, the DLQ's).
+    ``fifo``: both FIFO queues (their names end in ``.fifo``)."""
     sqs = aws_client(server)
-    dlq = str(sqs.create_queue(QueueName=dlq_name)["QueueUrl"])
+    kind = {"FifoQueue": "true"} if fifo else {}
+    if fifo:
+        name, dlq_name = f"{name}.fifo", f"{dlq_name}.fifo"
+    dlq = str(sqs.create_queue(QueueName=dlq_name, Attributes=kind)["QueueUrl"])
     arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"][
         "QueueArn"
     ]
     attributes = {
+        **kind,
         "RedrivePolicy": json.dumps(
             {"deadLetterTargetArn": arn, "maxReceiveCount": str(max_receives)}
-        )
+        ),
     }
     if visibility_s is not None:
         attributes["VisibilityTimeout"] = str(visibility_s)

@@ -30,6 +30,25 @@ UPDATE batchrun_entity_task
 SET state = CASE WHEN attempts > 0 THEN 3 ELSE 0 END, owner = NULL, lease_until = NULL
 WHERE id = :id AND owner = :me AND state = 1;
 
+-- name: task_claim_resend
+-- A pending task no process ever started, submitted before :cutoff and not sent again
+-- since: its message looks lost, and this process sends it again (tasks/resend.py). One
+-- process a period wins the row.
+UPDATE batchrun_entity_task SET resent_at = :now
+WHERE job = :job AND task_key = :key AND state = 0 AND started_at IS NULL
+  AND created_at < :cutoff AND (resent_at IS NULL OR resent_at < :cutoff);
+
+-- name: task_lost_firsts
+-- Of these entities, the oldest unfinished tasks that look lost (as task_claim_resend
+-- tells it): what their later tasks wait behind.
+SELECT t.entity_id, t.task_key FROM batchrun_entity_task t
+WHERE t.job = :job AND t.entity_id IN :ids* AND t.state = 0 AND t.started_at IS NULL
+  AND t.created_at < :cutoff AND (t.resent_at IS NULL OR t.resent_at < :cutoff)
+  AND t.id = (
+    SELECT MIN(u.id) FROM batchrun_entity_task u
+    WHERE u.job = t.job AND u.entity_id = t.entity_id AND u.state IN (0, 1, 3)
+  );
+
 -- name: task_extend
 UPDATE batchrun_entity_task SET lease_until = :until WHERE id = :id AND owner = :me;
 

@@ -172,3 +172,9 @@ CREATE TABLE IF NOT EXISTS batchrun_backend_slot (
   lease_until BIGINT NOT NULL DEFAULT 0,
   PRIMARY KEY (backend, slot)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4;
+
+-- name: migrate_0069_entity_task_resent_at
+-- unless: column batchrun_entity_task.resent_at
+-- When a task's message was last sent again because it looked lost (tasks/resend.py). A
+-- NULL column without a default is instant on MariaDB 10.11.
+ALTER TABLE batchrun_entity_task ADD COLUMN resent_at BIGINT NULL, ALGORITHM=INSTANT;

@@ -192,3 +192,8 @@ CREATE TABLE IF NOT EXISTS batchrun_backend_slot (
   lease_until INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (backend, slot)
 ) WITHOUT ROWID;
+
+-- name: migrate_0069_entity_task_resent_at
+-- unless: column batchrun_entity_task.resent_at
+-- When a task's message was last sent again because it looked lost (tasks/resend.py).
+ALTER TABLE batchrun_entity_task ADD COLUMN resent_at INTEGER NULL;

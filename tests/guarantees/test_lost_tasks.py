@@ -1,0 +1,166 @@
+"""A submitted task whose submitter died after writing its row and before sending its
+message: sent again once it looks lost (never started, older than
+``BATCHRUN_TASK_RESEND_S``), by a resubmission of its key or by a consumer whose messages
+wait behind it; one process sends it each period, and a task that ever started is never
+sent again."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from support.aws_server import MotoServer, aws_client
+from support.cli import run_cli
+from support.db import query
+from support.tasks import JOBS, effects, migrate_task_jobs
+
+import batchrun
+from batchrun.db import connect
+from batchrun.db.base import Database
+from batchrun.queue.local import LocalQueue
+from batchrun.task import Task
+from batchrun.tasks.resend import LostTaskSweep
+from batchrun.tasks.store import TaskStore
+from batchrun.tasks.submit import submit
+
+
+class Steps(Task):
+    name = "steps"
+
+    async def process(self, ctx: Any, task: Any) -> None:
+        raise AssertionError("not run here")
+
+
+async def _queued(store: Any) -> list[str]:
+    """The keys of the task messages on the local queue."""
+    rows = await store.db.fetch_sql("SELECT body FROM batchrun_queue ORDER BY id", ())
+    return [json.loads(r[0])["key"] for r in rows]
+
+
+async def _age(db: Database, key: str, by_s: float) -> None:
+    """Back-date a submission, as if it were made ``by_s`` seconds ago."""
+    await db.execute_sql(
+        f"UPDATE batchrun_entity_task SET created_at = created_at - {int(by_s * 1000)}"
+        f" WHERE task_key = '{key}'",
+        (),
+    )
+
+
+async def test_a_resubmission_sends_a_lost_message_again_once_a_period(store: Any) -> None:
+    tasks, queue = TaskStore(store.db), LocalQueue(store.db)
+    assert await tasks.submit("steps", 5, "k1", "{}")  # written; its submitter died here
+    young = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
+    assert (young.queued, young.resent) == (False, False)  # not yet taken for lost
+    assert await _queued(store) == []
+    await _age(store.db, "k1", 61)
+    again = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
+    assert (again.queued, again.resent) == (True, True)
+    assert await _queued(store) == ["k1"]
+    twice = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
+    assert not twice.queued  # sent again once this period
+    assert await _queued(store) == ["k1"]
+
+
+async def test_a_task_that_ever_started_is_never_sent_again(store: Any) -> None:
+    tasks, queue = TaskStore(store.db), LocalQueue(store.db)
+    assert await tasks.submit("steps", 5, "k1", "{}")
+    row = await tasks.get("steps", "k1")
+    assert row is not None and await tasks.start(row.id, "A", 30.0)
+    await tasks.release(row.id, "A")  # given back unattempted (a busy backend): pending
+    await _age(store.db, "k1", 3600)
+    resubmitted = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
+    assert not resubmitted.queued
+    sweep = LostTaskSweep(tasks, queue, after_s=60)
+    assert await sweep.behind("steps", [5], present=set()) == 0
+    assert await _queued(store) == []
+
+
+async def test_a_consumer_sends_what_its_waiting_tasks_wait_behind(store: Any) -> None:
+    tasks, queue = TaskStore(store.db), LocalQueue(store.db)
+    for entity, key in ((5, "a1"), (5, "a2"), (6, "b1"), (7, "c1"), (7, "c2")):
+        assert await tasks.submit("steps", entity, key, "{}")
+    for key in ("a1", "a2", "b1", "c1"):
+        await _age(store.db, key, 120)  # c2 is young, but c1 ahead of it is old
+    row = await tasks.get("steps", "c1")
+    assert row is not None and await tasks.start(row.id, "A", 30.0)  # c1 runs: not lost
+    cutoff = await store.db.clock_ms() - 60_000
+    assert await tasks.lost_firsts("steps", [5, 6, 7], cutoff) == {5: "a1", 6: "b1"}
+    sweep = LostTaskSweep(tasks, queue, after_s=60)
+    # a2 waits behind a1; b1's own message is in the batch: only a1 is sent again
+    assert await sweep.behind("steps", [5, 6], present={"a2", "b1"}) == 1
+    assert await _queued(store) == ["a1"]
+    other = LostTaskSweep(tasks, queue, after_s=60)  # another consumer, the same period
+    assert await other.behind("steps", [5], present={"a2"}) == 0
+    assert await _queued(store) == ["a1"]
+    assert await sweep.behind("steps", [6], present=set()) == 0  # looked a moment ago
+    sweep.every_s = 0.0
+    assert await sweep.behind("steps", [6], present=set()) == 1  # b1's message was lost too
+    assert await _queued(store) == ["a1", "b1"]
+
+
+def _written_not_sent(db_url: str, entity: int, key: str, data: str, age_s: float) -> None:
+    """What a submitter that died between its two steps leaves: the row, no message."""
+
+    async def write() -> None:
+        db = await connect(db_url)
+        try:
+            assert await TaskStore(db).submit("steps", entity, key, data)
+            await _age(db, key, age_s)
+        finally:
+            await db.close()
+
+    asyncio.run(write())
+
+
+def test_a_worker_runs_a_lost_task_its_entitys_later_task_waits_behind(sqlite_url: str) -> None:
+    """End to end: the row of k1 is written with no message (its submitter died); k2 of
+    the same entity is submitted normally and waits behind it; the worker sends k1 again
+    once it is older than BATCHRUN_TASK_RESEND_S, then runs both, in submission order."""
+    env = {**migrate_task_jobs(sqlite_url), "BATCHRUN_TASK_RESEND_S": "1"}
+    _written_not_sent(sqlite_url, 3, "k1", '{"seq": 1}', age_s=0)
+    submitted = run_cli(
+        "submit", "steps", "--id", "3", "--key", "k2", "--data", '{"seq": 2}', env=env
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    served = run_cli("worker", "--idle-exit", "4", "--json", env=env, timeout=120)
+    assert served.returncode == 0, served.stderr
+    assert "never started: its message is sent again" in served.stderr
+    assert [r[1] for r in effects(sqlite_url)] == ["k1", "k2"]
+
+
+def test_the_cli_resubmission_of_a_lost_task_says_it_was_sent_again(sqlite_url: str) -> None:
+    env = {**migrate_task_jobs(sqlite_url), "BATCHRUN_TASK_RESEND_S": "60"}
+    _written_not_sent(sqlite_url, 4, "k9", "{}", age_s=120)
+    again = run_cli("submit", "steps", "--id", "4", "--key", "k9", "--json", env=env)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"job": "steps", "entity_id": 4, "key": "k9", "queued": True}
+    said = run_cli("submit", "steps", "--id", "4", "--key", "k9", env=env)
+    assert said.returncode == 0 and "nothing queued" in said.stderr, said.stderr  # once a period
+    assert query(sqlite_url, "SELECT COUNT(*) FROM batchrun_queue")[0][0] == 1
+    assert run_cli("worker", "--idle-exit", "2", env=env, timeout=120).returncode == 0
+    assert [r[1] for r in effects(sqlite_url)] == ["k9"]
+
+
+def test_on_sqs_fifo_a_lost_task_is_sent_outside_the_group_it_waits_in(
+    moto_server: MotoServer, mysql_url: str
+) -> None:
+    """On a FIFO queue the waiting k2, hidden while it waits, holds its entity's message
+    group: k1 sent again into that group would come only after k2, which waits for k1
+    (for ever on a queue with no dead-letter queue: no copy of k2 ever goes to the end).
+    The resend goes out in a group of its own; the database keeps the order."""
+    moto_server.reset()
+    fifo = {"FifoQueue": "true"}
+    url = aws_client(moto_server).create_queue(QueueName="tasks.fifo", Attributes=fifo)["QueueUrl"]
+    env = {
+        **migrate_task_jobs(mysql_url),
+        **moto_server.env,
+        "BATCHRUN_RETRY_QUEUE": url,
+        "BATCHRUN_TASK_RESEND_S": "1",
+    }
+    _written_not_sent(mysql_url, 3, "k1", '{"seq": 1}', age_s=0)
+    with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto_server.env) as client:
+        client.submit("steps", 3, data={"seq": 2}, key="k2")
+    served = run_cli("worker", "--idle-exit", "4", "--json", env=env, timeout=120)
+    assert served.returncode == 0, served.stderr
+    assert [r[1] for r in effects(mysql_url)] == ["k1", "k2"]
