@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections import Counter
 from typing import Any
@@ -18,6 +17,7 @@ from support.birthday import card_counts, eligible_ids, seed_users
 from support.checks import assert_one_card_and_one_email_each
 from support.db import query
 from support.lambda_context import FakeContext, drain_as_sqs_events
+from support.ports import free_port
 from support.smtp_server import SmtpTestServer
 
 from batchrun import aws_lambda
@@ -147,9 +147,7 @@ def test_a_mail_server_down_at_the_schedule_hands_the_month_to_the_queue(
     queue_url: str,
 ) -> None:
     want = prepare(mysql_url, 600, seed=35)
-    with socket.socket() as sock:  # a loopback port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     down = environ | {"BATCHRUN_MAIL": f"smtp://127.0.0.1:{port}"}
     result = aws_lambda.handle(load_event("schedule.json"), FakeContext(60), environ=down)
     assert (

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.ports import free_port
 from support.smtp_server import SmtpTestServer, fail_first, fail_recipients
 
 from batchrun.errors import (
@@ -562,13 +563,6 @@ async def make_mailer() -> AsyncIterator[MakeMailer]:
         await mailer.close()
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 async def test_many_messages_share_one_connection(
     smtp_server: SmtpTestServer, make_mailer: MakeMailer
 ) -> None:
@@ -653,7 +647,7 @@ async def test_421_is_a_connection_error_and_the_connection_is_replaced(
 
 
 async def test_connection_refused_fails_fast(make_mailer: MakeMailer) -> None:
-    port = closed_port()
+    port = free_port()
     mailer = make_mailer(f"smtp://127.0.0.1:{port}", timeout=10)
     started = time.monotonic()
     with pytest.raises(MailConnectionError) as info:

@@ -4,13 +4,13 @@ payload, a receiver that hangs, one that is not there."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.cli import run_cli
 from support.http_server import GrantsTestServer
+from support.ports import free_port
 from support.smtp_server import SmtpTestServer
 
 from batchrun.control.notify import Notifier
@@ -40,12 +40,6 @@ def env(tmp_path: Path, smtp_server: SmtpTestServer) -> dict[str, str]:
     assert run_cli("db", "migrate", env=env).returncode == 0
     assert run_cli("db", "seed", "--users", "240", env=env).returncode == 0
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_payload_of_a_run_that_left_retries(
@@ -93,7 +87,7 @@ def test_a_hanging_receiver_does_not_hold_the_run(
 
 def test_a_receiver_that_is_not_there_is_one_log_line(env: dict[str, str]) -> None:
     hook = {
-        "BATCHRUN_NOTIFY_URL": f"http://127.0.0.1:{_free_port()}/hook",
+        "BATCHRUN_NOTIFY_URL": f"http://127.0.0.1:{free_port()}/hook",
         "BATCHRUN_NOTIFY_ON": "always",
     }
     result = run_cli("birthday", "--month", "2025-06", "--json", env=env | hook)

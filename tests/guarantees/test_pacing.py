@@ -6,7 +6,6 @@ pacer's feedback (AIMD on a 429, the breaker's gate) in unit tests (``ctx.paced(
 from __future__ import annotations
 
 import json
-import socket
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from support.cli import run_cli
 from support.db import query
 from support.http_server import GrantsTestServer
 from support.job_cases import CreditsCase
+from support.ports import free_port
 from support.smtp_server import SmtpTestServer
 
 import batchrun
@@ -71,15 +71,9 @@ def test_rate_20_holds_the_credits_job_to_20_calls_a_second(
 # -- the breaker over HTTP calls -----------------------------------------------------------
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:  # a port nothing listens on once closed
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_the_breaker_opens_when_the_credits_api_is_down(case: CreditsCase, sqlite_url: str) -> None:
     entities = case.seed(sqlite_url, 80)
-    env = case.env(sqlite_url, BATCHRUN_BACKEND_CREDITS_URL=f"http://127.0.0.1:{closed_port()}")
+    env = case.env(sqlite_url, BATCHRUN_BACKEND_CREDITS_URL=f"http://127.0.0.1:{free_port()}")
     result = run_cli(
         *case.args("run", "credits", "--period", case.period, "--concurrency", "4", "--json"),
         env=env,

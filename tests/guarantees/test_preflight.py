@@ -32,6 +32,7 @@ from support.checks import assert_one_card_and_one_email_each
 from support.cli import run_cli
 from support.db import query
 from support.periods import month
+from support.ports import free_port
 from support.smtp_server import SmtpTestServer
 from typer.testing import CliRunner
 
@@ -56,13 +57,6 @@ DESIGN_KEYS = (
     "queued_for_retry", "duration_s",
 )  # fmt: skip
 MAIL_DOWN = ("smtp refused", "ses unreachable")  # outages: exit 3, the period handed on
-
-
-def closed_port() -> int:
-    """A loopback port nobody listens on: every connect is refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def invoke(*args: str, env: dict[str, str]) -> Result:
@@ -140,7 +134,7 @@ def broken_setups(
     """case -> (environment, the line's expected text)."""
     notadir = tmp_path / "notadir"
     notadir.write_text("a regular file\n")
-    port = closed_port()
+    port = free_port()
     with contextlib.contextmanager(unwritable_dir)(tmp_path / "locked") as locked:
         yield {
             "outbox is a file": (
@@ -227,7 +221,7 @@ def test_a_mail_backend_down_at_the_start_hands_the_period_on(
 
 def test_every_command_that_sends_checks_the_mailer_first(mysql_url: str) -> None:
     migrate_and_seed_demo(mysql_url, 300)
-    port = closed_port()
+    port = free_port()
     env = {"BATCHRUN_DB": mysql_url, "BATCHRUN_MAIL": f"smtp://mailer:{PASSWORD}@127.0.0.1:{port}"}
     expected = f"mail: cannot connect to smtp://127.0.0.1:{port}: Connection refused"
     # A run finds the server down: nothing claimed, the period (with what --limit asked)
@@ -263,7 +257,7 @@ def test_the_period_a_run_handed_on_is_done_by_retry(
     migrate_and_seed_demo(db_url, 600)
     want = want_ids(db_url)
     assert want
-    down = {"BATCHRUN_DB": db_url, "BATCHRUN_MAIL": f"smtp://127.0.0.1:{closed_port()}"}
+    down = {"BATCHRUN_DB": db_url, "BATCHRUN_MAIL": f"smtp://127.0.0.1:{free_port()}"}
     data = handed_on(invoke("birthday", "--month", MONTH, "--json", env=down), "mail: ")
     assert data["eligible"] == data["emails_sent"] == data["cards_created"] == 0, data
     assert effects(db_url) == (0, 0, 1)
@@ -344,7 +338,7 @@ async def greeting(reply: str) -> asyncio.Server:
 async def test_a_check_tells_a_server_not_answering_from_a_setup_to_fix(
     smtp_server: SmtpTestServer, aws_env: dict[str, str]
 ) -> None:
-    port = closed_port()
+    port = free_port()
     down: list[tuple[SmtpMailer | SesMailer, str]] = [
         (SmtpMailer("127.0.0.1", port, timeout=2), "Connection refused"),
         (

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,13 +12,8 @@ import time
 from support import ROOT
 from support.birthday import eligible_ids, migrate_and_seed_demo
 from support.cli import run_cli
+from support.ports import free_port
 from support.smtp_server import SmtpTestServer
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for(done: object, timeout: float) -> bool:

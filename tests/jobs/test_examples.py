@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import importlib.util
 import re
-import socket
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from support import ROOT
+from support.ports import free_port
 
 import batchrun
 from batchrun.testing import Harness, HttpDouble, LedgerEntry, Request
@@ -392,9 +392,7 @@ def test_credits_timeout_retries(api: HttpDouble) -> None:
 
 
 def test_credits_unreachable_api_retries(api: HttpDouble) -> None:
-    with socket.socket() as sock:  # a port nothing listens on once closed
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     unreachable = credits_harness(api, BATCHRUN_BACKEND_CREDITS_URL=f"http://127.0.0.1:{port}")
     with unreachable as h, pytest.raises(batchrun.Retry, match="ConnectError"):
         h.process(dict(CUSTOMER), MONTH)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import urllib.request
 from collections.abc import Callable
 from typing import Any, Self
@@ -31,21 +30,17 @@ import boto3
 from aiobotocore.awsrequest import AioAWSResponse
 from moto.server import ThreadedMotoServer
 
+from support.ports import free_port
+
 HOST = "127.0.0.1"
 REGION = "us-east-1"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 class MotoServer:
     """A ThreadedMotoServer bound to 127.0.0.1 on a free port."""
 
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self._server = ThreadedMotoServer(ip_address=HOST, port=self.port, verbose=False)
         self.running = False
 

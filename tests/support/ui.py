@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from batchrun.runtime import Runtime
 from batchrun.runtime.resources import open_backends
 from batchrun.settings import Settings
 from batchrun.ui.app import create_app
+from support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -52,12 +52,6 @@ def csrf_of(html: str) -> str:
     found = CSRF.search(html)
     assert found is not None, "no CSRF token in the page"
     return found.group(1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager
