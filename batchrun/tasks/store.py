@@ -59,8 +59,13 @@ class TaskStore:
         )
         return claimed > 0
 
+    async def unclaim_resend(self, job: str, key: str, now: int) -> None:
+        """Undo ``claim_resend`` (made at ``now``): its message could not be sent."""
+        await self.db.execute("task_unclaim_resend", job=job, key=key, now=now)
+
     async def lost_firsts(self, job: str, entities: list[int], cutoff: int) -> dict[int, str]:
-        """Of ``entities``, the oldest unfinished tasks that look lost: key by entity."""
+        """Of ``entities``, the oldest unfinished tasks that look lost, and were already
+        their entity's oldest at ``cutoff`` (no task of it ended since): key by entity."""
         if not entities:
             return {}
         rows = await self.db.fetchall("task_lost_firsts", job=job, ids=entities, cutoff=cutoff)

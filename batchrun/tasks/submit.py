@@ -13,7 +13,6 @@ from batchrun.tasks.resend import resend_if_lost
 from batchrun.tasks.store import TaskStore
 
 log = logging.getLogger(__name__)
-RESEND_AFTER_S = 300.0  # BATCHRUN_TASK_RESEND_S: a task never started this long looks lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +50,12 @@ async def submit(
     data: object = None,
     key: object = None,
     *,
-    resend_after_s: float = RESEND_AFTER_S,
+    resend_after_s: float,
 ) -> Submitted:
     """Record and queue one task; a key already submitted is a no-op (``queued`` False),
-    unless its message looks lost: never started ``resend_after_s`` after it was
-    submitted, it is sent again (``queued`` True; ``tasks/resend.py``).
+    unless its message looks lost: never started ``resend_after_s``
+    (``BATCHRUN_TASK_RESEND_S``) after it was submitted, it is sent again (``queued``
+    True; ``tasks/resend.py``).
 
     Everything is checked before anything is written (BadTask). The row is written first,
     then the message. A send that fails takes the row back (the caller sees the
@@ -70,7 +70,13 @@ async def submit(
         if row is not None and row.entity_id != entity:
             raise BadTask(f"task key {task_key!r} was submitted for entity {row.entity_id}")
         resent = row is not None and await resend_if_lost(
-            store, queue, job.name, entity, task_key, resend_after_s
+            store,
+            queue,
+            job.name,
+            entity,
+            task_key,
+            after_s=resend_after_s,
+            serial=job.serial == "entity",
         )
         return Submitted(job.name, entity, task_key, queued=resent, resent=resent)
     message = QueueMessage("entity_task", job.name, "", entity_id=entity, key=task_key)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, cast
 
+import pytest
 from support.aws_server import MotoServer, aws_client
 from support.cli import run_cli
 from support.db import query
@@ -18,11 +19,20 @@ from support.tasks import JOBS, effects, migrate_task_jobs
 import batchrun
 from batchrun.db import connect
 from batchrun.db.base import Database
+from batchrun.errors import QueueError
+from batchrun.queue.base import WorkQueue
 from batchrun.queue.local import LocalQueue
 from batchrun.task import Task
 from batchrun.tasks.resend import LostTaskSweep
-from batchrun.tasks.store import TaskStore
+from batchrun.tasks.store import TaskState, TaskStore
 from batchrun.tasks.submit import submit
+
+
+class Refusing:  # a queue whose sends fail as an unreachable SQS's do
+    url = "https://sqs.example/q"
+
+    async def send(self, bodies: Any, *, delay_s: float = 0.0) -> None:
+        raise QueueError("could not send to SQS queue https://sqs.example/q: refused")
 
 
 class Steps(Task):
@@ -64,16 +74,64 @@ async def test_a_resubmission_sends_a_lost_message_again_once_a_period(store: An
 
 async def test_a_task_that_ever_started_is_never_sent_again(store: Any) -> None:
     tasks, queue = TaskStore(store.db), LocalQueue(store.db)
-    assert await tasks.submit("steps", 5, "k1", "{}")
+    for entity, key in ((5, "k1"), (6, "k2")):
+        assert await tasks.submit("steps", entity, key, "{}")
+        await _age(store.db, key, 3600)
     row = await tasks.get("steps", "k1")
     assert row is not None and await tasks.start(row.id, "A", 30.0)
     await tasks.release(row.id, "A")  # given back unattempted (a busy backend): pending
-    await _age(store.db, "k1", 3600)
-    resubmitted = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
-    assert not resubmitted.queued
-    sweep = LostTaskSweep(tasks, queue, after_s=60)
+    await _age(store.db, "k1", 0)
+    started = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
+    never = await submit(store.db, queue, Steps(), 6, key="k2", resend_after_s=60)
+    assert (started.queued, never.queued) == (False, True)  # alike but for the start
+    assert await tasks.lost_firsts("steps", [5, 6], await store.db.clock_ms()) == {6: "k2"}
+    assert await _queued(store) == ["k2"]
+
+
+async def test_a_task_waiting_its_turn_is_not_taken_for_lost(store: Any) -> None:
+    """b2, old, waits behind b1: while b1 runs, and for a period after b1 ended (b2's
+    own message waits its turn until then), a resubmission of b2 sends nothing."""
+    tasks, queue = TaskStore(store.db), LocalQueue(store.db)
+    for key in ("b1", "b2"):
+        assert await tasks.submit("steps", 5, key, "{}")
+        await _age(store.db, key, 3600)
+    row = await tasks.get("steps", "b1")
+    assert row is not None and await tasks.start(row.id, "A", 30.0)
+    behind = await submit(store.db, queue, Steps(), 5, key="b2", resend_after_s=60)
+    assert not behind.queued  # b1 runs: b2 is not its entity's turn
+    assert await tasks.finish(row.id, "A", TaskState.SUCCEEDED, None)
+    just = await submit(store.db, queue, Steps(), 5, key="b2", resend_after_s=60)
+    assert not just.queued  # b1 ended a moment ago: b2's message comes back by itself
+    await store.db.execute_sql(
+        "UPDATE batchrun_entity_task SET finished_at = finished_at - 61000 WHERE task_key = 'b1'",
+        (),
+    )
+    later = await submit(store.db, queue, Steps(), 5, key="b2", resend_after_s=60)
+    assert later.queued  # its turn for a period, never started: lost
+    assert await _queued(store) == ["b2"]
+
+
+async def test_a_resend_the_queue_refuses_is_tried_again(store: Any) -> None:
+    tasks, queue = TaskStore(store.db), LocalQueue(store.db)
+    assert await tasks.submit("steps", 5, "k1", "{}")
+    await _age(store.db, "k1", 120)
+    with pytest.raises(QueueError):
+        await submit(store.db, cast(WorkQueue, Refusing()), Steps(), 5, key="k1", resend_after_s=60)
+    sweep = LostTaskSweep(tasks, cast(WorkQueue, Refusing()), after_s=60)
+    assert await sweep.behind("steps", [5], present=set()) == 0  # logged, not raised
+    again = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
+    assert again.queued  # the failed sends took their claim back
+    assert await _queued(store) == ["k1"]
+
+
+async def test_a_look_out_that_fails_leaves_the_batch_alone(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    tasks = TaskStore(store.db)
+    await store.db.execute_sql("DROP TABLE batchrun_entity_task", ())
+    sweep = LostTaskSweep(tasks, LocalQueue(store.db), after_s=60)
     assert await sweep.behind("steps", [5], present=set()) == 0
-    assert await _queued(store) == []
+    assert "looking for lost steps tasks failed" in caplog.text
 
 
 async def test_a_consumer_sends_what_its_waiting_tasks_wait_behind(store: Any) -> None:
@@ -91,6 +149,7 @@ async def test_a_consumer_sends_what_its_waiting_tasks_wait_behind(store: Any) -
     assert await sweep.behind("steps", [5, 6], present={"a2", "b1"}) == 1
     assert await _queued(store) == ["a1"]
     other = LostTaskSweep(tasks, queue, after_s=60)  # another consumer, the same period
+    other.every_s = 0.0  # (it looks, and finds a1 sent already)
     assert await other.behind("steps", [5], present={"a2"}) == 0
     assert await _queued(store) == ["a1"]
     assert await sweep.behind("steps", [6], present=set()) == 0  # looked a moment ago

@@ -189,7 +189,9 @@ async def test_a_submission_whose_send_fails_is_withdrawn_unless_started(store: 
 
     tasks = TaskStore(store.db)
     with pytest.raises(QueueError):
-        await submit(store.db, cast(WorkQueue, Refusing()), Steps(), 5, {"n": 1}, "k1")
+        await submit(
+            store.db, cast(WorkQueue, Refusing()), Steps(), 5, {"n": 1}, "k1", resend_after_s=300
+        )
     assert await tasks.get("steps", "k1") is None  # taken back: "k1" can be submitted again
     assert await tasks.submit("steps", 5, "k1", "{}")
     row = await tasks.get("steps", "k1")

@@ -38,16 +38,28 @@ UPDATE batchrun_entity_task SET resent_at = :now
 WHERE job = :job AND task_key = :key AND state = 0 AND started_at IS NULL
   AND created_at < :cutoff AND (resent_at IS NULL OR resent_at < :cutoff);
 
+-- name: task_unclaim_resend
+-- The resend's message could not be sent: the next look may try again at once.
+UPDATE batchrun_entity_task SET resent_at = NULL
+WHERE job = :job AND task_key = :key AND resent_at = :now;
+
 -- name: task_lost_firsts
 -- Of these entities, the oldest unfinished tasks that look lost (as task_claim_resend
--- tells it): what their later tasks wait behind.
-SELECT t.entity_id, t.task_key FROM batchrun_entity_task t
-WHERE t.job = :job AND t.entity_id IN :ids* AND t.state = 0 AND t.started_at IS NULL
-  AND t.created_at < :cutoff AND (t.resent_at IS NULL OR t.resent_at < :cutoff)
-  AND t.id = (
-    SELECT MIN(u.id) FROM batchrun_entity_task u
-    WHERE u.job = t.job AND u.entity_id = t.entity_id AND u.state IN (0, 1, 3)
-  );
+-- tells it) and have been their entity's oldest since before :cutoff (no task of the
+-- entity ended since): what their later tasks wait behind. One aggregate a batch, as
+-- task_first_unfinished_many.
+SELECT t.entity_id, t.task_key
+FROM batchrun_entity_task t
+JOIN (
+  SELECT entity_id, MIN(CASE WHEN state IN (0, 1, 3) THEN id END) AS first_id,
+    MAX(finished_at) AS last_end
+  FROM batchrun_entity_task
+  WHERE job = :job AND entity_id IN :ids*
+  GROUP BY entity_id
+) f ON t.id = f.first_id
+WHERE t.state = 0 AND t.started_at IS NULL AND t.created_at < :cutoff
+  AND (t.resent_at IS NULL OR t.resent_at < :cutoff)
+  AND (f.last_end IS NULL OR f.last_end < :cutoff);
 
 -- name: task_extend
 UPDATE batchrun_entity_task SET lease_until = :until WHERE id = :id AND owner = :me;
