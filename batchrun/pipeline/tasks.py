@@ -245,7 +245,7 @@ class TaskRoad:
                 )
         for received, _ in entries:
             found.setdefault(received.message_id, _wait())
-        if self.lost_tasks is not None:  # what they wait behind may have lost its message
+        if self.lost_tasks is not None and job.serial == "entity":  # what they wait behind
             waiting = [m.entity_id for r, m in entries if found[r.message_id].keep]
             await self.lost_tasks.behind(job.name, waiting, {m.key for _, m in entries})
         return found

@@ -6,13 +6,16 @@ two leaves a row no message names: the task would never run, and the entity's la
 by its look: pending, never started, submitted more than ``BATCHRUN_TASK_RESEND_S`` ago
 and not sent again since; for a job whose tasks run one at a time per entity, also its
 entity's oldest unfinished task since longer than that (its own message, until then,
-waits its turn: hidden at most 1.5 x ``TURN_WAIT_MAX_S`` at a time). Two things send its
+waits its turn: hidden until the batch that held it ends, then 1.5 x ``TURN_WAIT_MAX_S``
+at most). Two things send its
 message again: the same key submitted again, and a consumer whose messages wait behind
 it. ``resent_at``, set by a compare-and-set, makes one process the sender each period,
 however many wait behind it.
 
-A message that was only slow (a deep queue) gets a twin. That is harmless: the row runs
-once, and the twin finds it done (deleted) or running (it waits its turn). The age is
+A message that was only slow (a deep queue, or a batch that ran a long task) gets a
+twin. The row still runs once, and the twin finds it done (deleted) or running (it waits
+its turn); but should the task fail, either message may start its retry before the
+delay, as a duplicate delivery by SQS may. The age is
 told on the database's clock from ``created_at``, which the submitter's clock wrote: a
 submitter whose clock is minutes off makes its lost tasks look lost that much sooner
 (a twin more) or later.
@@ -28,9 +31,13 @@ from batchrun.queue.base import QueueMessage, WorkQueue
 from batchrun.tasks.store import TaskStore
 
 log = logging.getLogger(__name__)
-# (queue, job) -> monotonic time of a consumer's last look in this process: shared by
-# the consumers a process makes one after another (a warm Lambda makes one an invocation)
+# By (queue, job), shared by the consumers a process makes one after another (a warm
+# Lambda makes one an invocation): the monotonic time of the last look, and the entities
+# seen waiting since, looked at next time (at most WAITING_MAX, the oldest kept).
 _LOOKED: dict[tuple[str, str], float] = {}
+_WAITING: dict[tuple[str, str], set[int]] = {}
+WAITING_MAX = 10_000
+LOOK_CHUNK = 500  # entities a query
 
 
 async def resend_if_lost(
@@ -59,7 +66,8 @@ async def resend_if_lost(
 class LostTaskSweep:
     """A consumer's look, at most once per ``every_s`` in a process, at what its waiting
     messages wait behind: each entity's oldest unfinished task, sent again if it looks
-    lost. Its own failure is logged, never the batch's: the batch's work is done."""
+    lost. Entities seen waiting between two looks are all looked at by the second. Its
+    own failure is logged, never the batch's: the batch's work is done."""
 
     def __init__(self, store: TaskStore, queue: WorkQueue, *, after_s: float) -> None:
         self.store = store
@@ -68,19 +76,29 @@ class LostTaskSweep:
         self.every_s = min(60.0, after_s / 5)
 
     async def behind(self, job: str, entities: Iterable[int], present: set[str]) -> int:
-        """Look at the entities whose messages wait (``present``: the keys whose messages
-        this batch holds, never lost); the number of messages sent again."""
-        waiting = sorted(set(entities))
-        clock, looked = time.monotonic(), (self.queue.url, job)
-        last = _LOOKED.get(looked)
-        if not waiting or (last is not None and clock - last < self.every_s):
+        """Note the entities whose messages wait, and look at those noted so far if it is
+        time (``present``: the keys whose messages this batch holds, never lost); the
+        number of messages sent again."""
+        looked = (self.queue.url, job)
+        seen = _WAITING.setdefault(looked, set())
+        for entity in entities:
+            if len(seen) >= WAITING_MAX:
+                break
+            seen.add(entity)
+        clock, last = time.monotonic(), _LOOKED.get(looked)
+        if not seen or (last is not None and clock - last < self.every_s):
             return 0
         _LOOKED[looked] = clock
+        waiting = sorted(seen)
+        seen.clear()
         sent = 0
         try:
             now = await self.store.db.clock_ms()
             cutoff = now - int(self.after_s * 1000)
-            for entity, key in (await self.store.lost_firsts(job, waiting, cutoff)).items():
+            lost: dict[int, str] = {}
+            for at in range(0, len(waiting), LOOK_CHUNK):
+                lost |= await self.store.lost_firsts(job, waiting[at : at + LOOK_CHUNK], cutoff)
+            for entity, key in lost.items():
                 if key in present or not await self.store.claim_resend(job, key, now, cutoff):
                     continue
                 await _send(self.store, self.queue, job, entity, key, now)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
@@ -23,9 +24,18 @@ from batchrun.errors import QueueError
 from batchrun.queue.base import WorkQueue
 from batchrun.queue.local import LocalQueue
 from batchrun.task import Task
+from batchrun.tasks import resend
 from batchrun.tasks.resend import LostTaskSweep
 from batchrun.tasks.store import TaskState, TaskStore
 from batchrun.tasks.submit import submit
+
+
+@pytest.fixture(autouse=True)
+def _no_looks_yet() -> Iterator[None]:
+    """Each test starts with no look-out history (it is kept per process)."""
+    resend._LOOKED.clear()
+    resend._WAITING.clear()
+    yield
 
 
 class Refusing:  # a queue whose sends fail as an unreachable SQS's do
@@ -80,7 +90,6 @@ async def test_a_task_that_ever_started_is_never_sent_again(store: Any) -> None:
     row = await tasks.get("steps", "k1")
     assert row is not None and await tasks.start(row.id, "A", 30.0)
     await tasks.release(row.id, "A")  # given back unattempted (a busy backend): pending
-    await _age(store.db, "k1", 0)
     started = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
     never = await submit(store.db, queue, Steps(), 6, key="k2", resend_after_s=60)
     assert (started.queued, never.queued) == (False, True)  # alike but for the start
@@ -111,7 +120,9 @@ async def test_a_task_waiting_its_turn_is_not_taken_for_lost(store: Any) -> None
     assert await _queued(store) == ["b2"]
 
 
-async def test_a_resend_the_queue_refuses_is_tried_again(store: Any) -> None:
+async def test_a_resend_the_queue_refuses_is_tried_again(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     tasks, queue = TaskStore(store.db), LocalQueue(store.db)
     assert await tasks.submit("steps", 5, "k1", "{}")
     await _age(store.db, "k1", 120)
@@ -119,9 +130,67 @@ async def test_a_resend_the_queue_refuses_is_tried_again(store: Any) -> None:
         await submit(store.db, cast(WorkQueue, Refusing()), Steps(), 5, key="k1", resend_after_s=60)
     sweep = LostTaskSweep(tasks, cast(WorkQueue, Refusing()), after_s=60)
     assert await sweep.behind("steps", [5], present=set()) == 0  # logged, not raised
+    assert "looking for lost steps tasks failed: could not send" in caplog.text
     again = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
     assert again.queued  # the failed sends took their claim back
     assert await _queued(store) == ["k1"]
+
+
+async def test_what_a_failed_or_dead_task_holds_up(store: Any) -> None:
+    """Behind a task that failed and waits for its retry, a task is not lost: it is not
+    its turn. Behind one dead a period ago, it is."""
+    tasks, queue = TaskStore(store.db), LocalQueue(store.db)
+    for entity, keys in ((5, ("f1", "f2")), (6, ("d1", "d2"))):
+        for key in keys:
+            assert await tasks.submit("steps", entity, key, "{}")
+            await _age(store.db, key, 3600)
+    for key, state in (("f1", TaskState.FAILED), ("d1", TaskState.DEAD)):
+        row = await tasks.get("steps", key)
+        assert row is not None and await tasks.start(row.id, "A", 30.0)
+        assert await tasks.finish(row.id, "A", state, "boom")
+    await store.db.execute_sql(
+        "UPDATE batchrun_entity_task SET finished_at = finished_at - 120000"
+        " WHERE task_key IN ('f1', 'd1')",
+        (),
+    )
+    sweep = LostTaskSweep(tasks, queue, after_s=60)
+    assert await sweep.behind("steps", [5, 6], present=set()) == 1
+    assert await _queued(store) == ["d2"]
+
+
+async def test_a_task_of_a_job_run_in_parallel_is_lost_whatever_is_before_it(
+    store: Any,
+) -> None:
+    class Parallel(Steps):
+        name = "steps"
+        serial = "none"
+
+    tasks, queue = TaskStore(store.db), LocalQueue(store.db)
+    for key in ("p1", "p2"):
+        assert await tasks.submit("steps", 5, key, "{}")
+        await _age(store.db, key, 3600)
+    row = await tasks.get("steps", "p1")
+    assert row is not None and await tasks.start(row.id, "A", 30.0)
+    serial = await submit(store.db, queue, Steps(), 5, key="p2", resend_after_s=60)
+    assert not serial.queued  # one at a time: p2 waits behind p1
+    parallel = await submit(store.db, queue, Parallel(), 5, key="p2", resend_after_s=60)
+    assert parallel.queued  # nothing to wait for: never started, so lost
+    assert await _queued(store) == ["p2"]
+
+
+async def test_entities_seen_between_two_looks_are_looked_at_by_the_second(
+    store: Any,
+) -> None:
+    tasks, queue = TaskStore(store.db), LocalQueue(store.db)
+    for entity, key in ((5, "a1"), (6, "b1")):
+        assert await tasks.submit("steps", entity, key, "{}")
+        await _age(store.db, key, 3600)
+    sweep = LostTaskSweep(tasks, queue, after_s=60)
+    assert await sweep.behind("steps", [7], present=set()) == 0  # looks: nothing there
+    assert await sweep.behind("steps", [5], present=set()) == 0  # too soon: 5 noted
+    sweep.every_s = 0.0
+    assert await sweep.behind("steps", [6], present=set()) == 2  # 5 and 6
+    assert sorted(await _queued(store)) == ["a1", "b1"]
 
 
 async def test_a_look_out_that_fails_leaves_the_batch_alone(
