@@ -15,7 +15,7 @@ import pytest
 from support.aws_server import MotoServer, aws_client
 from support.cli import run_cli
 from support.db import query
-from support.tasks import JOBS, effects, migrate_task_jobs
+from support.tasks import JOBS, RefusingQueue, StepsTask, effects, migrate_task_jobs
 
 import batchrun
 from batchrun.db import connect
@@ -23,7 +23,6 @@ from batchrun.db.base import Database
 from batchrun.errors import QueueError
 from batchrun.queue.base import WorkQueue
 from batchrun.queue.local import LocalQueue
-from batchrun.task import Task
 from batchrun.tasks import resend
 from batchrun.tasks.resend import LostTaskSweep
 from batchrun.tasks.store import TaskState, TaskStore
@@ -36,20 +35,6 @@ def _no_looks_yet() -> Iterator[None]:
     resend._LOOKED.clear()
     resend._WAITING.clear()
     yield
-
-
-class Refusing:  # a queue whose sends fail as an unreachable SQS's do
-    url = "https://sqs.example/q"
-
-    async def send(self, bodies: Any, *, delay_s: float = 0.0) -> None:
-        raise QueueError("could not send to SQS queue https://sqs.example/q: refused")
-
-
-class Steps(Task):
-    name = "steps"
-
-    async def process(self, ctx: Any, task: Any) -> None:
-        raise AssertionError("not run here")
 
 
 async def _queued(store: Any) -> list[str]:
@@ -70,14 +55,14 @@ async def _age(db: Database, key: str, by_s: float) -> None:
 async def test_a_resubmission_sends_a_lost_message_again_once_a_period(store: Any) -> None:
     tasks, queue = TaskStore(store.db), LocalQueue(store.db)
     assert await tasks.submit("steps", 5, "k1", "{}")  # written; its submitter died here
-    young = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
+    young = await submit(store.db, queue, StepsTask(), 5, key="k1", resend_after_s=60)
     assert (young.queued, young.resent) == (False, False)  # not yet taken for lost
     assert await _queued(store) == []
     await _age(store.db, "k1", 61)
-    again = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
+    again = await submit(store.db, queue, StepsTask(), 5, key="k1", resend_after_s=60)
     assert (again.queued, again.resent) == (True, True)
     assert await _queued(store) == ["k1"]
-    twice = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
+    twice = await submit(store.db, queue, StepsTask(), 5, key="k1", resend_after_s=60)
     assert not twice.queued  # sent again once this period
     assert await _queued(store) == ["k1"]
 
@@ -90,10 +75,11 @@ async def test_a_task_that_ever_started_is_never_sent_again(store: Any) -> None:
     row = await tasks.get("steps", "k1")
     assert row is not None and await tasks.start(row.id, "A", 30.0)
     await tasks.release(row.id, "A")  # given back unattempted (a busy backend): pending
-    started = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
-    never = await submit(store.db, queue, Steps(), 6, key="k2", resend_after_s=60)
+    cutoff = await store.db.clock_ms() - 60_000
+    assert await tasks.lost_firsts("steps", [5, 6], cutoff) == {6: "k2"}
+    started = await submit(store.db, queue, StepsTask(), 5, key="k1", resend_after_s=60)
+    never = await submit(store.db, queue, StepsTask(), 6, key="k2", resend_after_s=60)
     assert (started.queued, never.queued) == (False, True)  # alike but for the start
-    assert await tasks.lost_firsts("steps", [5, 6], await store.db.clock_ms()) == {6: "k2"}
     assert await _queued(store) == ["k2"]
 
 
@@ -106,16 +92,16 @@ async def test_a_task_waiting_its_turn_is_not_taken_for_lost(store: Any) -> None
         await _age(store.db, key, 3600)
     row = await tasks.get("steps", "b1")
     assert row is not None and await tasks.start(row.id, "A", 30.0)
-    behind = await submit(store.db, queue, Steps(), 5, key="b2", resend_after_s=60)
+    behind = await submit(store.db, queue, StepsTask(), 5, key="b2", resend_after_s=60)
     assert not behind.queued  # b1 runs: b2 is not its entity's turn
     assert await tasks.finish(row.id, "A", TaskState.SUCCEEDED, None)
-    just = await submit(store.db, queue, Steps(), 5, key="b2", resend_after_s=60)
+    just = await submit(store.db, queue, StepsTask(), 5, key="b2", resend_after_s=60)
     assert not just.queued  # b1 ended a moment ago: b2's message comes back by itself
     await store.db.execute_sql(
         "UPDATE batchrun_entity_task SET finished_at = finished_at - 61000 WHERE task_key = 'b1'",
         (),
     )
-    later = await submit(store.db, queue, Steps(), 5, key="b2", resend_after_s=60)
+    later = await submit(store.db, queue, StepsTask(), 5, key="b2", resend_after_s=60)
     assert later.queued  # its turn for a period, never started: lost
     assert await _queued(store) == ["b2"]
 
@@ -127,11 +113,13 @@ async def test_a_resend_the_queue_refuses_is_tried_again(
     assert await tasks.submit("steps", 5, "k1", "{}")
     await _age(store.db, "k1", 120)
     with pytest.raises(QueueError):
-        await submit(store.db, cast(WorkQueue, Refusing()), Steps(), 5, key="k1", resend_after_s=60)
-    sweep = LostTaskSweep(tasks, cast(WorkQueue, Refusing()), after_s=60)
+        await submit(
+            store.db, cast(WorkQueue, RefusingQueue()), StepsTask(), 5, key="k1", resend_after_s=60
+        )
+    sweep = LostTaskSweep(tasks, cast(WorkQueue, RefusingQueue()), after_s=60)
     assert await sweep.behind("steps", [5], present=set()) == 0  # logged, not raised
     assert "looking for lost steps tasks failed: could not send" in caplog.text
-    again = await submit(store.db, queue, Steps(), 5, key="k1", resend_after_s=60)
+    again = await submit(store.db, queue, StepsTask(), 5, key="k1", resend_after_s=60)
     assert again.queued  # the failed sends took their claim back
     assert await _queued(store) == ["k1"]
 
@@ -161,7 +149,7 @@ async def test_what_a_failed_or_dead_task_holds_up(store: Any) -> None:
 async def test_a_task_of_a_job_run_in_parallel_is_lost_whatever_is_before_it(
     store: Any,
 ) -> None:
-    class Parallel(Steps):
+    class Parallel(StepsTask):
         name = "steps"
         serial = "none"
 
@@ -171,7 +159,7 @@ async def test_a_task_of_a_job_run_in_parallel_is_lost_whatever_is_before_it(
         await _age(store.db, key, 3600)
     row = await tasks.get("steps", "p1")
     assert row is not None and await tasks.start(row.id, "A", 30.0)
-    serial = await submit(store.db, queue, Steps(), 5, key="p2", resend_after_s=60)
+    serial = await submit(store.db, queue, StepsTask(), 5, key="p2", resend_after_s=60)
     assert not serial.queued  # one at a time: p2 waits behind p1
     parallel = await submit(store.db, queue, Parallel(), 5, key="p2", resend_after_s=60)
     assert parallel.queued  # nothing to wait for: never started, so lost

@@ -12,7 +12,14 @@ from typing import Any, cast
 import pytest
 from support.cli import run_cli
 from support.db import query
-from support.tasks import JOBS, effects, migrate_task_jobs, start_workers
+from support.tasks import (
+    JOBS,
+    RefusingQueue,
+    StepsTask,
+    effects,
+    migrate_task_jobs,
+    start_workers,
+)
 
 import batchrun
 from batchrun.queue.base import QueueMessage
@@ -173,24 +180,19 @@ async def test_a_submission_whose_send_fails_is_withdrawn_unless_started(store: 
     the withdrawal touches only a submission no process has started."""
     from batchrun.errors import QueueError
     from batchrun.queue.base import WorkQueue
-    from batchrun.task import Task
     from batchrun.tasks.store import TaskStore
     from batchrun.tasks.submit import submit
-
-    class Refusing:  # the queue's send fails as an unreachable SQS's does
-        async def send(self, bodies: Any, *, delay_s: float = 0.0) -> None:
-            raise QueueError("could not send to SQS queue https://sqs.example/q: refused")
-
-    class Steps(Task):
-        name = "steps"
-
-        async def process(self, ctx: Any, task: Any) -> None:
-            raise AssertionError("not run here")
 
     tasks = TaskStore(store.db)
     with pytest.raises(QueueError):
         await submit(
-            store.db, cast(WorkQueue, Refusing()), Steps(), 5, {"n": 1}, "k1", resend_after_s=300
+            store.db,
+            cast(WorkQueue, RefusingQueue()),
+            StepsTask(),
+            5,
+            {"n": 1},
+            "k1",
+            resend_after_s=300,
         )
     assert await tasks.get("steps", "k1") is None  # taken back: "k1" can be submitted again
     assert await tasks.submit("steps", 5, "k1", "{}")

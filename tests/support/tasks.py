@@ -7,6 +7,8 @@ import subprocess
 import sys
 from typing import Any
 
+from batchrun.errors import QueueError
+from batchrun.task import Task
 from support import ROOT, SUPPORT
 from support.cli import run_cli
 from support.db import query
@@ -47,3 +49,21 @@ def start_workers(env: dict[str, str], n: int) -> list[subprocess.Popen[str]]:
         )
         for _ in range(n)
     ]
+
+
+class StepsTask(Task):
+    """The ``steps`` task job, for calling ``submit`` directly (its tasks are not run)."""
+
+    name = "steps"
+
+    async def process(self, ctx: Any, task: Any) -> None:
+        raise AssertionError("not run here")
+
+
+class RefusingQueue:
+    """A queue whose every send fails as an unreachable SQS's does."""
+
+    url = "https://sqs.example/q"
+
+    async def send(self, bodies: Any, *, delay_s: float = 0.0) -> None:
+        raise QueueError("could not send to SQS queue https://sqs.example/q: refused")
