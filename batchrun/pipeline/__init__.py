@@ -16,7 +16,7 @@ wiring.py     what the road is handed: store, queue, effects, steering, settings
 run.py        one run of a job over a period, its dry run and its hand-off
 consume.py    retry, continuation and shard messages, and their dispositions
 tasks.py      submitted tasks, one entity's at a time, in submission order
-task_claim.py a batch's first tasks claimed set-wise, in a few statements
+task_claim.py the claims a process holds for tasks; a batch's first ones, set-wise
 drain.py      a consumer's batch: worked, settled and counted; failures queued again
 fanout.py     a period's entities as shards on a queue
 reports.py    the JSON summaries

@@ -1,29 +1,87 @@
-"""A batch's first tasks claimed at once: each entity's first message of the batch, in a
-fixed number of statements whatever the batch's size (``TaskRoad`` runs the rest of an
-entity's messages one at a time, ``TaskRoad._next``).
+"""What a process holds while it runs submitted tasks, and how a batch takes it.
 
-The conditions are those of the one-task path, each a set-wise statement: the task rows
-(one read), the entities' turns (one update, one read of those now held), each entity's
-oldest unfinished task (one read: only that one may start), the starts (one update, one
-read of those now leased to this process). A message whose task is missing or finished is
-left to the one-task path (poison, or deleted); one whose entity is another process's turn,
-or not its turn yet, or whose task another live process runs, waits with the rest of its
-entity's messages (no attempt counted), its entity's turn let go.
+``TaskClaims``: the tasks this process runs (their leases) and the entities' turns it
+holds, all on the database server's clock and kept alive by one heartbeat (a ``Fence``).
+
+``first_wave``: a batch's first tasks claimed at once, each entity's first message of the
+batch, in a fixed number of statements whatever the batch's size (``TaskRoad`` runs the
+rest of an entity's messages one at a time, ``TaskRoad._next``). The conditions are those
+of the one-task path, each a set-wise statement: the task rows (one read), the entities'
+turns (one update, one read of those now held), each entity's oldest unfinished task (one
+read: only that one may start), the starts (one update, one read of those now leased to
+this process). A message whose task is missing or finished is left to the one-task path
+(poison, or deleted); one whose entity is another process's turn, or not its turn yet, or
+whose task another live process runs, waits with the rest of its entity's messages (no
+attempt counted), its entity's turn let go.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from batchrun.control.steering import Steering
+from batchrun.db.store import Scope
 from batchrun.pipeline.apply import Disposition
+from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.item import Item
+from batchrun.pipeline.lease import Fence
 from batchrun.queue.base import QueueMessage, Received
 from batchrun.task import Task
 from batchrun.tasks.store import TaskRow, TaskStore
 
 Entry = tuple[Received, QueueMessage]
 Holder = tuple[str, int]
+log = logging.getLogger(__name__)
+
+
+class TaskClaims(Fence):
+    """The tasks this process runs (their leases) and the entities' turns it holds."""
+
+    def __init__(
+        self,
+        store: TaskStore,
+        *,
+        lease_s: float,
+        stop: StopToken,
+        steering: Steering | None = None,
+    ) -> None:
+        super().__init__(lease_s=lease_s, stop=stop, steering=steering)
+        self.store = store
+        self.running: dict[int, tuple[str, int]] = {}  # task id -> (job, entity id)
+        self.turns: set[tuple[str, int]] = set()  # (job, entity id)
+        self._lost: set[int] = set()
+
+    def holding(self) -> bool:
+        return bool(self.running or self.turns)
+
+    def held_scopes(self) -> Iterable[Scope]:
+        # A task job is paused as a whole (``batchrun pause JOB``): period ''. One Scope a
+        # job, not one a turn: asked before each task, with up to a batch's turns held.
+        return [Scope(job, "", "") for job in {job for job, _ in self.turns}]
+
+    def lost(self, item: Item) -> bool:
+        return item.task_id in self._lost
+
+    async def renew_held(self) -> None:
+        until = await self.store.db.clock_ms() + self.lease_ms
+        for job, entity in list(self.turns):
+            if not await self.store.extend_turn(job, entity, self.me, until):
+                self.turns.discard((job, entity))
+                mine = [t for t, held in self.running.items() if held == (job, entity)]
+                self._lose(mine, f"{job}: entity {entity}'s turn")
+        for task_id in list(self.running):
+            if not await self.store.extend_task(task_id, self.me, until):
+                self._lose([task_id], f"task {task_id}")
+
+    def _lose(self, task_ids: list[int], what: str) -> None:
+        for task_id in task_ids:
+            self.running.pop(task_id, None)
+            self._lost.add(task_id)
+        if task_ids:
+            self.lost_claims += len(task_ids)
+            log.warning("%s was taken over by another process (this one's lease expired)", what)
 
 
 async def first_wave(

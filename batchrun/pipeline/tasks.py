@@ -8,10 +8,10 @@ entity's turn yet goes back to the queue with a short delay, kept (no attempt co
 never dead-lettered for waiting). Entities run in parallel up to ``--concurrency``; one
 entity's tasks in a batch follow each other, the next started once the last has its
 outcome. Both leases (the task's, the turn's) are on the database server's clock and
-kept alive by one heartbeat (``TaskClaims``). Each entity's first task of a batch is
-claimed with the others' in a few statements (``task_claim.first_wave``), the rest one at
-a time (``TaskRoad._next``); ends alike are recorded in one statement a flush, and an
-entity's turn is let go in the same flush as its last end.
+kept alive by one heartbeat (``TaskClaims``, in task_claim.py). Each entity's first task
+of a batch is claimed with the others' in a few statements (``task_claim.first_wave``),
+the rest one at a time (``TaskRoad._next``); ends alike are recorded in one statement a
+flush, and an entity's turn is let go in the same flush as its last end.
 """
 
 from __future__ import annotations
@@ -21,20 +21,18 @@ import contextlib
 import logging
 import random
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
-from batchrun.control.steering import Steering
 from batchrun.db.store import Scope, State
 from batchrun.job import Job
 from batchrun.period import current
 from batchrun.pipeline.apply import Applier, Disposition
 from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.item import Item
-from batchrun.pipeline.lease import Fence
 from batchrun.pipeline.outcomes import Outcome
 from batchrun.pipeline.road import travel
 from batchrun.pipeline.run import Options
-from batchrun.pipeline.task_claim import first_wave
+from batchrun.pipeline.task_claim import TaskClaims, first_wave
 from batchrun.pipeline.wiring import Wiring
 from batchrun.pipeline.work import EntityWorker
 from batchrun.policy.bugs import BugStreak
@@ -50,54 +48,6 @@ TURN_WAIT_MAX_S = 60.0  # ... doubling with each receive, up to this
 WAITING = "waiting for its entity's turn"
 
 Entry = tuple[Received, QueueMessage]
-
-
-class TaskClaims(Fence):
-    """The tasks this process runs (their leases) and the entities' turns it holds."""
-
-    def __init__(
-        self,
-        store: TaskStore,
-        *,
-        lease_s: float,
-        stop: StopToken,
-        steering: Steering | None = None,
-    ) -> None:
-        super().__init__(lease_s=lease_s, stop=stop, steering=steering)
-        self.store = store
-        self.running: dict[int, tuple[str, int]] = {}  # task id -> (job, entity id)
-        self.turns: set[tuple[str, int]] = set()  # (job, entity id)
-        self._lost: set[int] = set()
-
-    def holding(self) -> bool:
-        return bool(self.running or self.turns)
-
-    def held_scopes(self) -> Iterable[Scope]:
-        # A task job is paused as a whole (``batchrun pause JOB``): period ''. One Scope a
-        # job, not one a turn: asked before each task, with up to a batch's turns held.
-        return [Scope(job, "", "") for job in {job for job, _ in self.turns}]
-
-    def lost(self, item: Item) -> bool:
-        return item.task_id in self._lost
-
-    async def renew_held(self) -> None:
-        until = await self.store.db.clock_ms() + self.lease_ms
-        for job, entity in list(self.turns):
-            if not await self.store.extend_turn(job, entity, self.me, until):
-                self.turns.discard((job, entity))
-                mine = [t for t, held in self.running.items() if held == (job, entity)]
-                self._lose(mine, f"{job}: entity {entity}'s turn")
-        for task_id in list(self.running):
-            if not await self.store.extend_task(task_id, self.me, until):
-                self._lose([task_id], f"task {task_id}")
-
-    def _lose(self, task_ids: list[int], what: str) -> None:
-        for task_id in task_ids:
-            self.running.pop(task_id, None)
-            self._lost.add(task_id)
-        if task_ids:
-            self.lost_claims += len(task_ids)
-            log.warning("%s was taken over by another process (this one's lease expired)", what)
 
 
 class TaskRoad:
