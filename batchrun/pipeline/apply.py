@@ -59,6 +59,7 @@ class Disposition:
     unknown_job: str | None = None  # a job this process does not know: kept on the queue
     unknown: bool = False  # the job's statement lost its reply (unknown_outcome)
     keep: bool = False  # kept on the queue, no receive counted (a task waiting its turn)
+    awaited: bool = True  # kept: a worker's --idle-exit waits for it (not for a retry time)
     busy: bool = False  # its backend was busy: given back (``WorkQueue.give_back``)
     body: str | None = None  # the body it is given back with (its ``busy`` count one up)
 

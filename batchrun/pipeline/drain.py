@@ -97,9 +97,11 @@ def count(result: RetrySummary, verdict: Disposition) -> None:
     elif verdict.busy:
         result.busy += 1  # given back: its backend was busy (no attempt)
     elif verdict.keep and verdict.action == "later":
-        # a task waiting for its entity's turn: due back after its delay
-        due = time.monotonic() + verdict.delay_s
-        result.waiting_until = max(result.waiting_until, due)
+        # a task waiting for its entity's turn: due back after its delay (one waiting for
+        # its retry time holds no idle exit, as its retry does not)
+        if verdict.awaited:
+            due = time.monotonic() + verdict.delay_s
+            result.waiting_until = max(result.waiting_until, due)
     elif verdict.action == "poison":
         result.processed += 1  # a message that named no entity, dead-lettered unworked
         result.poison += 1

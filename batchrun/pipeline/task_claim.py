@@ -11,8 +11,9 @@ turns (one update, one read of those now held), each entity's oldest unfinished 
 read: only that one may start), the starts (one update, one read of those now leased to
 this process). A message whose task is missing or finished is left to the one-task path
 (poison, or deleted); one whose entity is another process's turn, or not its turn yet, or
-whose task another live process runs, waits with the rest of its entity's messages (no
-attempt counted), its entity's turn let go.
+whose task another live process runs or failed and may not start again yet (its
+``retry_at``), waits with the rest of its entity's messages (no attempt counted), its
+entity's turn let go.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ async def first_wave(
     turns: set[Holder],
     running: dict[int, Holder],
     found: dict[str, Disposition],
-    wait: Callable[[int], Disposition],
+    wait: Callable[[int, float], Disposition],
     item: Callable[[Task, TaskRow, Received, QueueMessage], Item],
 ) -> dict[int, Item | None]:
     """Start each entity's first task of the batch; by entity, its started item, or None
@@ -127,8 +128,10 @@ async def first_wave(
             running[row.id] = (job.name, entity)
             wave[entity] = item(job, row, received, message)
             continue
-        for received, _ in group:  # not its turn, or another process runs it: all wait
-            found.setdefault(received.message_id, wait(received.receive_count))
+        # Not its turn, another process runs it, or its retry time has not come: all wait.
+        retry_in_s = 0.0 if row.retry_at is None else (row.retry_at - now) / 1000
+        for received, _ in group:
+            found.setdefault(received.message_id, wait(received.receive_count, retry_in_s))
         group.clear()
         wave[entity] = None
         if (job.name, entity) in turns:

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 TURN_WAIT_S = 0.5  # a task waiting for its entity's turn looks again after about this long
 TURN_WAIT_MAX_S = 60.0  # ... doubling with each receive, up to this
 WAITING = "waiting for its entity's turn"
+RETRY_WAIT = "waiting for its retry time"
 
 Entry = tuple[Received, QueueMessage]
 
@@ -106,6 +107,7 @@ class TaskRoad:
                 async def write(batch: Sequence[tuple[Item, Outcome]]) -> None:
                     alike: dict[TaskState, list[Item]] = {}  # ended without a message
                     lost: list[Item] = []
+                    clock: int | None = None  # the server's, read once for retry times
                     for item, outcome in batch:
                         assert item.task_id is not None
                         claims.running.pop(item.task_id, None)
@@ -113,10 +115,15 @@ class TaskRoad:
                             await self.store.release(item.task_id, claims.me)
                             continue
                         state = _task_state(outcome)
-                        if outcome.reason is None:
+                        delay_s = (outcome.delay_s or 0.0) if state is TaskState.FAILED else 0.0
+                        retry_at = None
+                        if delay_s > 0:  # not before: a second message of it waits
+                            clock = clock or await self.store.db.clock_ms()
+                            retry_at = clock + int(delay_s * 1000)
+                        if outcome.reason is None and retry_at is None:
                             alike.setdefault(state, []).append(item)
                         elif not await self.store.finish(
-                            item.task_id, claims.me, state, outcome.reason
+                            item.task_id, claims.me, state, outcome.reason, retry_at
                         ):
                             lost.append(item)
                     for state, items in alike.items():
@@ -256,6 +263,7 @@ class TaskRoad:
         group = groups.get(entity)
         serial = job.serial == "entity"
         lease_s = self.w.settings.lease_s
+        retry_in_s = 0.0  # a failed task's retry time not come yet: they wait for it
         while group:
             received, message = group[0]
             row = await self.store.get(job.name, message.key)
@@ -278,12 +286,14 @@ class TaskRoad:
                 break  # an older task of the entity goes first
             claims.young()
             if not await self.store.start(row.id, claims.me, lease_s):
+                if row.retry_at is not None:  # or its retry time has not come
+                    retry_in_s = (row.retry_at - await self.store.db.clock_ms()) / 1000
                 break  # another process runs it (its lease is live)
             group.popleft()
             claims.running[row.id] = (job.name, entity)
             return _item(job, row, received, message)
         for received, _ in group or ():
-            found.setdefault(received.message_id, turn_wait(received.receive_count))
+            found.setdefault(received.message_id, turn_wait(received.receive_count, retry_in_s))
         if group is not None:
             group.clear()
         if (job.name, entity) in claims.turns:
@@ -317,11 +327,21 @@ def _wait(around_s: float = TURN_WAIT_S) -> Disposition:
     return Disposition("later", WAITING, delay_s=delay, counted=False, keep=True)
 
 
-def turn_wait(receives: int) -> Disposition:
+def turn_wait(receives: int, retry_in_s: float = 0.0) -> Disposition:
     """A task that is not its entity's turn yet: back after a delay that doubles with each
     receive (``TURN_WAIT_S`` first, ``TURN_WAIT_MAX_S`` at most), so one waiting behind a
     long task, or behind one waiting for its retry, does not cost a receive (a Lambda
-    invocation) every half second."""
+    invocation) every half second.
+
+    A message of a failed task whose retry time is ``retry_in_s`` away (a duplicate
+    delivery, or a copy sent again while it waited), and those of its entity behind it,
+    come back just after that time instead; as the task's own retry, they hold no worker's
+    ``--idle-exit``."""
+    if retry_in_s > 0:
+        delay = retry_in_s + random.uniform(0.0, TURN_WAIT_S)
+        return Disposition(
+            "later", RETRY_WAIT, delay_s=delay, counted=False, keep=True, awaited=False
+        )
     return _wait(min(TURN_WAIT_MAX_S, TURN_WAIT_S * 2 ** min(max(0, receives - 1), 16)))
 
 

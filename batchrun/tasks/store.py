@@ -30,6 +30,7 @@ class TaskRow:
     data: dict[str, Any]
     state: TaskState
     attempts: int
+    retry_at: int | None = None  # a failed task starts again no earlier (server ms)
 
 
 class TaskStore:
@@ -76,7 +77,8 @@ class TaskStore:
         if row is None:
             return None
         data = json.loads(row[2])
-        return TaskRow(int(row[0]), int(row[1]), data, TaskState(int(row[3])), int(row[4]))
+        state, attempts = TaskState(int(row[3])), int(row[4])
+        return TaskRow(int(row[0]), int(row[1]), data, state, attempts, _ms(row[7]))
 
     async def take_turn(self, job: str, entity_id: int, me: str, lease_s: float) -> bool:
         """Hold the entity's turn (a lease on the server's clock); False while another
@@ -98,7 +100,8 @@ class TaskStore:
         return None if row is None else str(row[0])
 
     async def start(self, task_id: int, me: str, lease_s: float) -> bool:
-        """Mark the task running, leased to ``me``; False while another live process runs it."""
+        """Mark the task running, leased to ``me``; False while another live process runs
+        it, or before a failed task's ``retry_at``."""
         now = await self.db.clock_ms()
         started = await self.db.execute(
             "task_start", id=task_id, me=me, until=now + int(lease_s * 1000), now=now
@@ -116,8 +119,16 @@ class TaskStore:
         )
         return changed > 0
 
-    async def finish(self, task_id: int, me: str, state: TaskState, error: str | None) -> bool:
-        """Record the attempt's end; False when the lease was lost (nothing recorded)."""
+    async def finish(
+        self,
+        task_id: int,
+        me: str,
+        state: TaskState,
+        error: str | None,
+        retry_at: int | None = None,
+    ) -> bool:
+        """Record the attempt's end, and for a failed one the time (server ms) before which
+        it may not start again; False when the lease was lost (nothing recorded)."""
         done = await self.db.execute(
             "task_finish",
             id=task_id,
@@ -125,6 +136,7 @@ class TaskStore:
             state=int(state),
             error=None if error is None else error[:500],
             now=now_ms(),
+            retry_at=retry_at,
         )
         return done > 0
 
@@ -143,7 +155,7 @@ class TaskStore:
         rows = await self.db.fetchall("task_get_many", job=job, keys=keys) if keys else []
         return {
             str(r[5]): TaskRow(
-                int(r[0]), int(r[1]), json.loads(r[2]), TaskState(int(r[3])), int(r[4])
+                int(r[0]), int(r[1]), json.loads(r[2]), TaskState(int(r[3])), int(r[4]), _ms(r[6])
             )
             for r in rows
         }
@@ -166,7 +178,8 @@ class TaskStore:
         return {int(r[0]): int(r[1]) for r in rows}
 
     async def start_many(self, ids: list[int], me: str, until: int, now: int) -> set[int]:
-        """Mark the tasks running, leased to ``me``; those this process now runs."""
+        """Mark the tasks running, leased to ``me`` (as ``start``); those this process now
+        runs."""
         if not ids:
             return set()
         await self.db.execute("task_start_many", ids=ids, me=me, until=until, now=now)
@@ -204,3 +217,7 @@ class TaskStore:
             None if oldest is None else round(max(0, now_ms() - oldest) / 1000, 1)
         )
         return counts
+
+
+def _ms(value: Any) -> int | None:
+    return None if value is None else int(value)

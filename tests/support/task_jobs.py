@@ -29,23 +29,28 @@ class Steps(batchrun.Task):
 
 
 class Flaky(batchrun.Task):
+    """Its first attempt of a task fails, asking to be tried again in ``retry_s`` (data,
+    0.01 s unless given); each attempt records when it started."""
+
     name = "flaky"
-    retry = batchrun.RetryPolicy(attempts=3, backoff=0.01, max_delay_s=0.05)
+    retry = batchrun.RetryPolicy(attempts=3, backoff=0.01, max_delay_s=10)
 
     async def process(self, ctx: batchrun.Context, task: Any) -> None:
         if task.data.get("fail") == "always":
             raise batchrun.Fail("told to fail")
+        started = time.time_ns()
         rows = await ctx.db.fetch(
             "SELECT COUNT(*) AS n FROM task_effect WHERE task_key = :k", k=task.key
         )
         await ctx.db.execute(
             "INSERT INTO task_effect (entity_id, task_key, seq, started_ns, ended_ns, pid)"
-            " VALUES (:e, :k, 0, 0, 0, 0)",
+            " VALUES (:e, :k, 0, :a, :a, 0)",
             e=task.entity_id,
             k=task.key,
+            a=started,
         )
         if int(rows[0]["n"]) == 0:
-            raise batchrun.Retry("first attempt fails", delay_s=0.01)
+            raise batchrun.Retry("first attempt fails", delay_s=task.data.get("retry_s", 0.01))
 
 
 class Slotted(batchrun.Task):

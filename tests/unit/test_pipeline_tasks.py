@@ -52,3 +52,14 @@ def test_a_retry_delay_does_not_hold_the_idle_exit() -> None:
     result = RetrySummary()
     count(result, Disposition("later", "try again", delay_s=3600.0, outcome=State.RETRYING))
     assert result.waiting_until == 0.0
+
+
+def test_a_wait_for_a_retry_time_comes_back_just_after_it_and_holds_no_idle_exit() -> None:
+    random.seed(7)
+    waits = [turn_wait(1, retry_in_s=30.0) for _ in range(200)]
+    assert all(30.0 <= w.delay_s <= 30.0 + TURN_WAIT_S for w in waits)
+    assert all(w.keep and not w.counted for w in waits), "no receive counted toward redrive"
+    result = RetrySummary()
+    count(result, waits[0])
+    assert result.waiting_until == 0.0, "as the task's own retry: no idle exit held"
+    assert turn_wait(1, retry_in_s=-0.2).delay_s <= 1.5 * TURN_WAIT_S  # its time has come

@@ -3,7 +3,7 @@
 -- already there. States: 0 pending, 1 running, 2 succeeded, 3 failed, 4 dead.
 
 -- name: task_get
-SELECT id, entity_id, data, state, attempts, owner, lease_until
+SELECT id, entity_id, data, state, attempts, owner, lease_until, retry_at
 FROM batchrun_entity_task WHERE job = :job AND task_key = :key;
 
 -- name: task_first_unfinished
@@ -13,15 +13,18 @@ WHERE job = :job AND entity_id = :entity_id AND state IN (0, 1, 3)
 ORDER BY id LIMIT 1;
 
 -- name: task_start
+-- Not before a failed task's retry_at: a second message of it waits.
 UPDATE batchrun_entity_task
 SET state = 1, owner = :me, lease_until = :until, started_at = :now
-WHERE id = :id AND (state IN (0, 3) OR (state = 1 AND lease_until < :now));
+WHERE id = :id AND (state IN (0, 3) OR (state = 1 AND lease_until < :now))
+  AND (retry_at IS NULL OR retry_at <= :now);
 
 -- name: task_finish
--- Fenced: a run whose lease was taken over records nothing.
+-- Fenced: a run whose lease was taken over records nothing. :retry_at (server ms, or
+-- NULL) is when a failed task may start again.
 UPDATE batchrun_entity_task
 SET state = :state, attempts = attempts + 1, owner = NULL, lease_until = NULL,
-  last_error = :error, finished_at = :now
+  last_error = :error, finished_at = :now, retry_at = :retry_at
 WHERE id = :id AND owner = :me AND state = 1;
 
 -- name: task_release
@@ -86,7 +89,7 @@ WHERE job = :job GROUP BY state;
 -- its size (pipeline/task_claim.py): the same conditions as the one-task statements.
 
 -- name: task_get_many
-SELECT id, entity_id, data, state, attempts, task_key
+SELECT id, entity_id, data, state, attempts, task_key, retry_at
 FROM batchrun_entity_task WHERE job = :job AND task_key IN :keys*;
 
 -- name: turn_take_many
@@ -107,16 +110,17 @@ GROUP BY entity_id;
 -- name: task_start_many
 UPDATE batchrun_entity_task
 SET state = 1, owner = :me, lease_until = :until, started_at = :now
-WHERE id IN :ids* AND (state IN (0, 3) OR (state = 1 AND lease_until < :now));
+WHERE id IN :ids* AND (state IN (0, 3) OR (state = 1 AND lease_until < :now))
+  AND (retry_at IS NULL OR retry_at <= :now);
 
 -- name: task_mine
 SELECT id FROM batchrun_entity_task WHERE id IN :ids* AND owner = :me AND state = 1;
 
 -- name: task_finish_many
--- task_finish for tasks that ended alike without an error message.
+-- task_finish for tasks that ended alike without an error message or a retry time.
 UPDATE batchrun_entity_task
 SET state = :state, attempts = attempts + 1, owner = NULL, lease_until = NULL,
-  last_error = NULL, finished_at = :now
+  last_error = NULL, finished_at = :now, retry_at = NULL
 WHERE id IN :ids* AND owner = :me AND state = 1;
 
 -- name: task_finished_at

@@ -178,3 +178,9 @@ CREATE TABLE IF NOT EXISTS batchrun_backend_slot (
 -- When a task's message was last sent again because it looked lost (tasks/resend.py). A
 -- NULL column without a default is instant on MariaDB 10.11.
 ALTER TABLE batchrun_entity_task ADD COLUMN resent_at BIGINT NULL, ALGORITHM=INSTANT;
+
+-- name: migrate_0070_entity_task_retry_at
+-- unless: column batchrun_entity_task.retry_at
+-- A failed task's next attempt starts no earlier than this (the database server's clock,
+-- ms): a second message of the task (a duplicate delivery, one sent again) waits for it.
+ALTER TABLE batchrun_entity_task ADD COLUMN retry_at BIGINT NULL, ALGORITHM=INSTANT;

@@ -197,3 +197,9 @@ CREATE TABLE IF NOT EXISTS batchrun_backend_slot (
 -- unless: column batchrun_entity_task.resent_at
 -- When a task's message was last sent again because it looked lost (tasks/resend.py).
 ALTER TABLE batchrun_entity_task ADD COLUMN resent_at INTEGER NULL;
+
+-- name: migrate_0070_entity_task_retry_at
+-- unless: column batchrun_entity_task.retry_at
+-- A failed task's next attempt starts no earlier than this (ms): a second message of the
+-- task (a duplicate delivery, one sent again) waits for it.
+ALTER TABLE batchrun_entity_task ADD COLUMN retry_at INTEGER NULL;
