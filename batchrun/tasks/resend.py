@@ -7,18 +7,16 @@ by its look: pending, never started, submitted more than ``BATCHRUN_TASK_RESEND_
 and not sent again since; for a job whose tasks run one at a time per entity, also its
 entity's oldest unfinished task since longer than that (its own message, until then,
 waits its turn: hidden until the batch that held it ends, then 1.5 x ``TURN_WAIT_MAX_S``
-at most). Two things send its
-message again: the same key submitted again, and a consumer whose messages wait behind
-it. ``resent_at``, set by a compare-and-set, makes one process the sender each period,
-however many wait behind it.
+at most). Two things send its message again: the same key submitted again, and a
+consumer whose messages wait behind it. ``resent_at``, set by a compare-and-set, makes
+one process the sender each period, however many wait behind it.
 
 A message that was only slow (a deep queue, or a batch that ran a long task) gets a
 twin. The row still runs once, and the twin finds it done (deleted) or running (it waits
-its turn); but should the task fail, either message may start its retry before the
-delay, as a duplicate delivery by SQS may. The age is
-told on the database's clock from ``created_at``, which the submitter's clock wrote: a
-submitter whose clock is minutes off makes its lost tasks look lost that much sooner
-(a twin more) or later.
+its turn); should the task fail, the twin waits for its retry time (``retry_at``) as a
+duplicate delivery by SQS does. The age is told on the database's clock from
+``created_at``, which the submitter's clock wrote: a submitter whose clock is minutes off
+makes its lost tasks look lost that much sooner (a twin more) or later.
 """
 
 from __future__ import annotations
