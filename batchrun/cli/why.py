@@ -10,6 +10,7 @@ import typer
 from batchrun.cli.app import Invocation, app, period_option, run_command
 from batchrun.cli.conventions import examples, print_table, stdout
 from batchrun.control import story
+from batchrun.control.timeline import iso
 from batchrun.runtime.resources import open_backends
 
 
@@ -57,7 +58,7 @@ def why(
         )
         print_table(
             ("at (UTC)", "what", "detail", "run"),
-            [(story.iso(e.at), e.what, e.detail, e.run_id) for e in told.events],
+            [(iso(e.at), e.what, e.detail, e.run_id) for e in told.events],
         )
         return 0
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from email.utils import parseaddr
 from typing import TYPE_CHECKING, Any
 
 from batchrun.control.history import History
+from batchrun.control.timeline import Event, iso
 from batchrun.db.base import now_ms
 from batchrun.db.store import FINAL_STATES, State
 from batchrun.effects.lender import NoEffects
@@ -42,24 +42,6 @@ MAX_MESSAGES = 100  # queue messages shown for one entity (there is one retry at
 
 # (job, epoch ms) -> the id of the run of that job going on at that moment, if known.
 RunFinder = Callable[[str, int], Awaitable[int | None]]
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One step of the story: when (epoch ms), what, the detail, and the run that did it."""
-
-    at: int
-    what: str
-    detail: str = ""
-    run_id: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "at": iso(self.at),
-            "what": self.what,
-            "detail": self.detail,
-            "run_id": self.run_id,
-        }
 
 
 @dataclass(slots=True)
@@ -82,12 +64,6 @@ class Story:
             "state": self.state,
             "events": [e.to_json() for e in self.events],
         }
-
-
-def iso(ms: int) -> str:
-    """Epoch milliseconds as an ISO 8601 UTC time, to the millisecond."""
-    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def message_id(job: Job, key: str, sender: str) -> str:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchrun.control.story import STATE_NAMES, iso
+from batchrun.control.story import STATE_NAMES
+from batchrun.control.timeline import iso
 from batchrun.effects.lender import NoEffects
 from batchrun.errors import QueueError
 from batchrun.job import Context, Job
