@@ -19,6 +19,7 @@ from batchrun.runtime.resources import open_backends
     epilog=examples(
         "batchrun why birthday 42 --period 2025-06",
         "batchrun why birthday 42 --json",
+        "batchrun why transcode 7",
     ),
 )
 def why(
@@ -37,7 +38,9 @@ def why(
     Whether a run would take it now (and why not: not in the job's page, an invalid or
     suppressed address), its ledger state, attempts and last error, the Message-ID of its
     email and when it was accepted, bounces, complaints and unsubscribes, its messages on
-    the retry or dead-letter queue, and the run that did each step. Reads only.
+    the retry or dead-letter queue, and the run that did each step. For a task job: the
+    entity's submitted tasks (submitted, sent again, started, succeeded, failed with the
+    time of its retry, dead) and its messages. Reads only.
     """
     context: Invocation = ctx.obj
     settings = context.settings
@@ -50,12 +53,13 @@ def why(
         if as_json:
             print(json.dumps(told.to_json()))
             return 0
-        head = "eligible now" if told.eligible else "not eligible now"
-        stdout.print(
-            f"{told.job} {told.period} entity {told.entity_id}: {head}, "
-            f"ledger state {told.state or '(none)'}",
-            highlight=False,
-        )
+        if told.of_tasks:
+            head = "a task unfinished" if told.eligible else "no task unfinished"
+            where = f"{told.job} entity {told.entity_id}: {head}, task state"
+        else:
+            head = "eligible now" if told.eligible else "not eligible now"
+            where = f"{told.job} {told.period} entity {told.entity_id}: {head}, ledger state"
+        stdout.print(f"{where} {told.state or '(none)'}", highlight=False)
         print_table(
             ("at (UTC)", "what", "detail", "run"),
             [(iso(e.at), e.what, e.detail, e.run_id) for e in told.events],

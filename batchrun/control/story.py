@@ -13,6 +13,9 @@ Nothing is claimed, written or sent. The story is put together from what is stor
   read without receiving: the ledger's ``queued`` flag stands in for it);
 - the run that did each step: the ledger's ``run_id`` (the run that claimed it), else the
   run history's run of the job going on at that moment.
+
+A task job's entity has no page and no ledger row: its submitted tasks tell its story
+instead (control/task_story.py), with its queue messages and the runs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from email.utils import parseaddr
 from typing import TYPE_CHECKING, Any
 
 from batchrun.control.history import History
+from batchrun.control.task_story import NOT_BY_A_RUN, task_events
 from batchrun.control.timeline import Event, iso
 from batchrun.db.base import now_ms
 from batchrun.db.store import FINAL_STATES, State
@@ -33,6 +37,7 @@ from batchrun.mail.base import valid_address
 from batchrun.period import Period
 from batchrun.pipeline.pager import recheck
 from batchrun.queue.local import LocalQueue
+from batchrun.task import is_task
 
 if TYPE_CHECKING:
     from batchrun.pipeline.wiring import Wiring
@@ -54,6 +59,7 @@ class Story:
     eligible: bool
     state: str | None  # the ledger state's name; None: no run has touched it
     events: list[Event] = field(default_factory=list)
+    of_tasks: bool = False  # a task job's: ``state`` is its current task's (task_story.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,6 +83,11 @@ async def tell(
     w: Wiring, job: Job, period: Period, entity_id: int, *, runs_at: RunFinder | None = None
 ) -> Story:
     """The story of ``entity_id`` for ``job``'s ``period``; reads only."""
+    if is_task(job):
+        eligible, task_state, steps = await task_events(w.store.db, job.name, entity_id, now_ms())
+        steps += await _queue_events(w, job, entity_id)
+        steps = await _with_runs(w, job, steps, runs_at)
+        return Story(job.name, entity_id, str(period), eligible, task_state, steps, of_tasks=True)
     ctx = Context(job, period, w.store.jobdb, NoEffects(w.store), dry_run=True)
     ctx = ctx.entity(entity_id)
     now = now_ms()
@@ -95,6 +106,15 @@ async def tell(
     if address is not None:
         events += await _suppression_events(w, address)
     events += await _queue_events(w, job, entity_id)
+    events = await _with_runs(w, job, events, runs_at)
+    return Story(job.name, entity_id, str(period), eligible, state, events)
+
+
+async def _with_runs(
+    w: Wiring, job: Job, events: list[Event], runs_at: RunFinder | None
+) -> list[Event]:
+    """The events in time order (what is true now first among those of a moment), each
+    step a process took with the run that took it."""
     finder = runs_at or await history_finder(w)
     events = [
         Event(e.at, e.what, e.detail, await finder(job.name, e.at))
@@ -103,7 +123,7 @@ async def tell(
         for e in events
     ]
     events.sort(key=lambda e: (e.at, e.what != "eligible now" and e.what != "not eligible now"))
-    return Story(job.name, entity_id, str(period), eligible, state, events)
+    return events
 
 
 def _by_a_run(event: Event) -> bool:
@@ -116,6 +136,7 @@ def _by_a_run(event: Event) -> bool:
         "no ledger row",
         "unsubscribed",
         "suppressed (manual)",
+        *NOT_BY_A_RUN,
     )
 
 
@@ -217,9 +238,10 @@ async def _queue_events(w: Wiring, job: Job, entity_id: int) -> list[Event]:
             out.append(Event(int(created), "dead-lettered", detail))
         else:
             when = iso(int(visible_at))
+            period, key = data.get("period") or data.get("month"), data.get("key")
+            of = f"{kind}, key {key}" if key else f"{kind}, period {period}"
             detail = (
-                f"message {message_id_} ({kind}, period {data.get('period')}), "
-                f"received {receives} times, visible from {when}"
+                f"message {message_id_} ({of}), received {receives} times, visible from {when}"
                 + (f"; reason: {reason}" if reason else "")
             )
             out.append(Event(int(created), f"{kind} message waiting", detail))

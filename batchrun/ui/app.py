@@ -159,7 +159,7 @@ class Dashboard:
             return PlainTextResponse(str(exc), status_code=400)
         entity_id = int(request.path_params["entity"])
         told = await story.tell(self.runtime.wiring, job, period, entity_id)
-        return self.page(request, "entity.html", story=told.to_json())
+        return self.page(request, "entity.html", story=told.to_json(), of_tasks=told.of_tasks)
 
     async def run_page(self, request: Request) -> Response:
         found = await control.run(self.runtime, int(request.path_params["run"]))

@@ -14,3 +14,12 @@ FROM batchrun_queue
 WHERE body LIKE :job_like AND body LIKE :id_like
 ORDER BY id
 LIMIT :limit;
+
+-- name: story_tasks
+-- A task job's entity: its newest submitted tasks (control/task_story.py).
+SELECT id, task_key, state, attempts, owner, lease_until, last_error, created_at,
+  started_at, finished_at, retry_at, resent_at
+FROM batchrun_entity_task
+WHERE job = :job AND entity_id = :id
+ORDER BY id DESC
+LIMIT :limit;

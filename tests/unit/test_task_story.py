@@ -1,0 +1,71 @@
+"""One task's steps in its entity's story (control/task_story.py), from its stored row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from batchrun.control.task_story import _steps
+from batchrun.tasks.store import TaskState
+
+NOW = 1_800_000_000_000
+
+
+def row(state: TaskState, **times: Any) -> tuple[Any, ...]:
+    """A story_tasks row: id, key, state, attempts, owner, lease_until, last_error, then
+    created_at, started_at, finished_at, retry_at, resent_at."""
+    return (
+        1,
+        "k1",
+        int(state),
+        times.get("attempts", 0),
+        times.get("owner"),
+        times.get("lease_until"),
+        times.get("error"),
+        NOW - 60_000,
+        times.get("started"),
+        times.get("finished"),
+        times.get("retry_at"),
+        times.get("resent_at"),
+    )
+
+
+def told(r: tuple[Any, ...]) -> list[tuple[str, str]]:
+    return [(e.what, e.detail) for e in _steps(r, NOW, NOW)]
+
+
+def test_a_running_task_held_or_with_its_lease_ended() -> None:
+    held = row(TaskState.RUNNING, attempts=1, owner="p1", lease_until=NOW + 5, started=NOW - 9)
+    assert told(held)[-1] == ("task running", "key k1: attempt 2, a process holds it (p1)")
+    ended = row(TaskState.RUNNING, owner="p1", lease_until=NOW - 1, started=NOW - 9)
+    assert "lease has ended" in told(ended)[-1][1]
+
+
+def test_a_pending_task_not_started_or_given_back() -> None:
+    assert told(row(TaskState.PENDING))[-1] == ("task waiting", "key k1: not started yet")
+    back = told(row(TaskState.PENDING, started=NOW - 9))
+    assert [w for w, _ in back] == ["task submitted", "task started", "task waiting"]
+    assert "given back unattempted" in back[-1][1]
+
+
+def test_a_task_sent_again_then_failed_with_its_retry_time() -> None:
+    steps = told(
+        row(
+            TaskState.FAILED,
+            attempts=1,
+            error="boom",
+            started=NOW - 20,
+            finished=NOW - 10,
+            retry_at=NOW + 30_000,
+            resent_at=NOW - 30,
+        )
+    )
+    assert [w for w, _ in steps] == [
+        "task submitted",
+        "task sent again",
+        "task started",
+        "task failed",
+    ]
+    assert (
+        steps[-1][1]
+        == "key k1, 1 attempt, last error: boom; tried again from 2027-01-15T08:00:30.000Z"
+    )
