@@ -72,7 +72,8 @@ def worker(
             "--idle-exit",
             min=0.0,
             help="Exit after the queue stays empty this long (and every task this worker "
-            "put back to wait for its entity's turn has come back).",
+            "put back to wait for its entity's turn has come back; a retry's delay does "
+            "not hold it).",
         ),
     ] = None,
     as_json: Annotated[

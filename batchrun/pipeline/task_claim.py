@@ -128,10 +128,13 @@ async def first_wave(
             running[row.id] = (job.name, entity)
             wave[entity] = item(job, row, received, message)
             continue
-        # Not its turn, another process runs it, or its retry time has not come: all wait.
+        # Not its turn, another process runs it, or its retry time has not come: all wait,
+        # a message of that task until then, any other its turn.
         retry_in_s = 0.0 if row.retry_at is None else (row.retry_at - now) / 1000
-        for received, _ in group:
-            found.setdefault(received.message_id, wait(received.receive_count, retry_in_s))
+        refused = group[0][1].key  # the task of ``row``
+        for received, message in group:
+            ahead = retry_in_s if message.key == refused else 0.0
+            found.setdefault(received.message_id, wait(received.receive_count, ahead))
         group.clear()
         wave[entity] = None
         if (job.name, entity) in turns:

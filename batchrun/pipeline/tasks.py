@@ -292,8 +292,9 @@ class TaskRoad:
             group.popleft()
             claims.running[row.id] = (job.name, entity)
             return _item(job, row, received, message)
-        for received, _ in group or ():
-            found.setdefault(received.message_id, turn_wait(received.receive_count, retry_in_s))
+        for received, waiting in group or ():  # those of another task wait their turn
+            ahead = retry_in_s if group and waiting.key == group[0][1].key else 0.0
+            found.setdefault(received.message_id, turn_wait(received.receive_count, ahead))
         if group is not None:
             group.clear()
         if (job.name, entity) in claims.turns:
@@ -334,9 +335,8 @@ def turn_wait(receives: int, retry_in_s: float = 0.0) -> Disposition:
     invocation) every half second.
 
     A message of a failed task whose retry time is ``retry_in_s`` away (a duplicate
-    delivery, or a copy sent again while it waited), and those of its entity behind it,
-    come back just after that time instead; as the task's own retry, they hold no worker's
-    ``--idle-exit``."""
+    delivery, or a copy sent again while it waited) comes back just after that time
+    instead; as the task's own retry, it holds no worker's ``--idle-exit``."""
     if retry_in_s > 0:
         delay = retry_in_s + random.uniform(0.0, TURN_WAIT_S)
         return Disposition(

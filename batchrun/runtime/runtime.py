@@ -295,7 +295,8 @@ class Runtime:
         """Consume ``queue`` until stopped (or idle for ``idle_exit_s``): shards, retries,
         tasks and continuations, each message kept invisible while it is worked on. Idle:
         nothing received for ``idle_exit_s``, and every task this worker put back to wait
-        for its entity's turn has come back (a retry's own delay does not hold it).
+        for its entity's turn has come back (a retry's own delay does not hold it, nor a
+        copy of a failed task's message waiting for its retry time).
 
         A mail outage does not end the worker: it backs off (1 s, doubling to 30 s) and
         polls on, so a supervisor never has to restart it; one at its start (the mail

@@ -13,9 +13,10 @@ WHERE job = :job AND entity_id = :entity_id AND state IN (0, 1, 3)
 ORDER BY id LIMIT 1;
 
 -- name: task_start
--- Not before a failed task's retry_at: a second message of it waits.
+-- Not before a failed task's retry_at: a second message of it waits. Once started, the
+-- retry time is spent.
 UPDATE batchrun_entity_task
-SET state = 1, owner = :me, lease_until = :until, started_at = :now
+SET state = 1, owner = :me, lease_until = :until, started_at = :now, retry_at = NULL
 WHERE id = :id AND (state IN (0, 3) OR (state = 1 AND lease_until < :now))
   AND (retry_at IS NULL OR retry_at <= :now);
 
@@ -109,7 +110,7 @@ GROUP BY entity_id;
 
 -- name: task_start_many
 UPDATE batchrun_entity_task
-SET state = 1, owner = :me, lease_until = :until, started_at = :now
+SET state = 1, owner = :me, lease_until = :until, started_at = :now, retry_at = NULL
 WHERE id IN :ids* AND (state IN (0, 3) OR (state = 1 AND lease_until < :now))
   AND (retry_at IS NULL OR retry_at <= :now);
 
