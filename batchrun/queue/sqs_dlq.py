@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from batchrun.errors import QueueError
 from batchrun.queue.base import Received
 from batchrun.queue.dead import DeadLetter, Revive
+from batchrun.queue.sqs_entries import delay_seconds
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,9 @@ class SqsDeadLetters:
 
     async def keep(self, item: Received, delay_s: float) -> None:
         """Hide ``item`` for ``delay_s``; when one more receive could reach the redrive
-        limit, send a fresh copy (receive count 0) and delete this one instead."""
+        limit, send a fresh copy (receive count 0) and delete this one instead: on a
+        standard queue with ``DelaySeconds`` (at most 15 minutes), on a FIFO queue, which
+        takes no per-message delay, visible at once."""
         await self.open()
         if self.dlq_url is None or item.receive_count + 1 < self.max_receives:
             await self.retry_later(item, delay_s)
@@ -71,6 +74,8 @@ class SqsDeadLetters:
         entry = self._entry(
             "0", item.body, self.fifo, dedup=f"keep:{item.message_id}:{item.receive_count}"
         )
+        if not self.fifo:
+            entry["DelaySeconds"] = delay_seconds(delay_s)
         await self._send_batches(self.queue_url, [entry])
         await self.delete([item])
 
@@ -83,8 +88,6 @@ class SqsDeadLetters:
         the entity's tasks in submission order."""
         await self.open()
         if not self.fifo:
-            from batchrun.queue.sqs import delay_seconds
-
             entry = self._entry("0", body, False)
             entry["DelaySeconds"] = delay_seconds(delay_s)
             await self._send_batches(self.queue_url, [entry])

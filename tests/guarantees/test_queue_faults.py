@@ -4,6 +4,7 @@ are listed, redriven and purged (local queue and SQS)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -232,6 +233,25 @@ async def test_sqs_keep_resends_a_copy_before_the_redrive_limit(
         assert receives < 8
     assert await _count(client, dlq) == 0
     assert await _count(client, queue.queue_url) == 1
+
+
+async def test_sqs_keeps_the_wait_of_a_copy_sent_before_the_redrive_limit(
+    sqs_pair: tuple[SqsQueue, Any, str],
+) -> None:
+    """A kept message whose next receive could reach maxReceiveCount goes back as a fresh
+    copy: on a standard queue it still stays away for the wait (DelaySeconds), rather than
+    coming back at once for a receive that only puts it away again."""
+    queue, _, _ = sqs_pair
+    await queue.send([task(1, job="other")])
+    for _ in range(2):  # the second receive is one before the limit of 3
+        (item,) = await queue.receive(max_messages=1, visibility_s=30)
+        await queue.keep(item, 2)
+        if item.receive_count == 1:
+            await asyncio.sleep(2.5)  # hidden for 2 s: back after that
+    assert await queue.receive(max_messages=1, visibility_s=30) == []  # the copy waits
+    await asyncio.sleep(2.5)
+    (copy,) = await queue.receive(max_messages=1, visibility_s=30)
+    assert copy.receive_count == 1 and copy.body == item.body
 
 
 async def test_sqs_unknown_job_is_kept_and_counted(
