@@ -24,6 +24,7 @@ from batchrun.control import metrics, story
 from batchrun.errors import BatchrunError
 from batchrun.job import Job
 from batchrun.runtime.runtime import Runtime
+from batchrun.task import is_task
 from batchrun.ui import control, data
 from batchrun.ui.security import COOKIE, Guard
 from batchrun.urls import mask_url
@@ -140,6 +141,7 @@ class Dashboard:
             selected=selected,
             states=STATES,
             runs=runs,
+            is_task=is_task(job),
         )
 
     async def lookup(self, request: Request) -> Response:

@@ -13,11 +13,13 @@ from batchrun.errors import UsageError
 from batchrun.job import Job
 from batchrun.period import Period
 from batchrun.runtime.runtime import Runtime
+from batchrun.task import is_task
 from batchrun.urls import mask_text
 
 ACTIONS = ("pause", "resume", "cancel")
 SHOWN_RUNS = 50
 SHOWN_PROBLEMS = 200
+SERVING = ("worker", "lambda")  # kinds of run that serve every job, task jobs' too
 
 
 def _history(rt: Runtime) -> History:
@@ -48,16 +50,36 @@ def row_view(rt: Runtime, run: RunRow) -> dict[str, Any]:
 
 
 async def runs_now(rt: Runtime, job: Job) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """The job's last run that is over, and its runs going on now."""
+    """The job's last run that is over, and its runs going on now (for a task job, the
+    workers and Lambda invocations that serve every job)."""
     history = _history(rt)
-    last = (await history.last_per_job()).get(job.name)
-    running = [row_view(rt, r) for r in await history.running() if r.job == job.name]
+    if is_task(job):
+        over = [r for r in await _serving(rt, job, SHOWN_RUNS) if r.outcome != "running"]
+        last = over[0] if over else None
+    else:
+        last = (await history.last_per_job()).get(job.name)
+    running = [row_view(rt, r) for r in await history.running() if _of(r, job)]
     return (row_view(rt, last) if last is not None else None), running
 
 
 async def runs_of(rt: Runtime, job: Job, limit: int = SHOWN_RUNS) -> list[dict[str, Any]]:
-    """The job's runs, newest first."""
+    """The job's runs, newest first (for a task job, also those serving every job)."""
+    if is_task(job):
+        return [row_view(rt, r) for r in await _serving(rt, job, limit)]
     return [row_view(rt, r) for r in await _history(rt).runs(job.name, limit=limit)]
+
+
+async def _serving(rt: Runtime, job: Job, limit: int) -> list[RunRow]:
+    """The newest runs that can have run ``job``'s tasks: its own, and those serving
+    every job (found among the newest few times ``limit`` rows)."""
+    newest = await _history(rt).runs(limit=limit * 4)
+    return [r for r in newest if _of(r, job)][:limit]
+
+
+def _of(run: RunRow, job: Job) -> bool:
+    """Whether ``run`` is ``job``'s; a task job's tasks are run by processes serving
+    every job too (a worker, a Lambda invocation)."""
+    return run.job == job.name or (is_task(job) and run.job is None and run.kind in SERVING)
 
 
 async def run(rt: Runtime, run_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:

@@ -16,6 +16,8 @@ from batchrun.queue import dead
 from batchrun.queue.dead import DeadLetter
 from batchrun.queue.local import LocalQueue
 from batchrun.runtime.runtime import Runtime
+from batchrun.task import is_task
+from batchrun.tasks.store import TaskStore
 
 DONE = ("sent", "skipped", "failed")
 SHOWN_MESSAGES = 200
@@ -54,7 +56,10 @@ class PeriodCounts:
 
 
 async def periods(rt: Runtime, job: Job) -> list[PeriodCounts]:
-    """The job's periods that have ledger rows, newest first, with their counts."""
+    """The job's periods that have ledger rows, newest first, with their counts; a task
+    job's tasks as one row (``tasks``: a task job has no periods)."""
+    if is_task(job):
+        return [await tasks(rt, job)]
     found: dict[str, PeriodCounts] = {}
     for period, state, count in await rt.store.db.fetchall("ui_job_periods", job=job.name):
         entry = found.setdefault(str(period), PeriodCounts(str(period)))
@@ -63,7 +68,10 @@ async def periods(rt: Runtime, job: Job) -> list[PeriodCounts]:
 
 
 async def progress(rt: Runtime, job: Job, period: str | None = None) -> PeriodCounts:
-    """How far ``period`` (default: the newest with ledger rows, else the current one) is."""
+    """How far ``period`` (default: the newest with ledger rows, else the current one) is;
+    for a task job, its tasks (whatever the period)."""
+    if is_task(job):
+        return await tasks(rt, job)
     known = await periods(rt, job)
     chosen = period or (known[0].period if known else str(current(job.period)))
     entry = next((p for p in known if p.period == chosen), PeriodCounts(chosen))
@@ -72,6 +80,20 @@ async def progress(rt: Runtime, job: Job, period: str | None = None) -> PeriodCo
     if "pending" in extra:
         entry.todo = int(extra["pending"])
     return entry
+
+
+async def tasks(rt: Runtime, job: Job) -> PeriodCounts:
+    """A task job's tasks by state, under the ledger's names the pages show: pending
+    (running too), sent (succeeded), retrying (failed, waiting for another attempt),
+    failed (dead). Labelled with the current period, which its context carries."""
+    counts = await TaskStore(rt.store.db).counts(job.name)
+    shown = {
+        "pending": counts["pending"] + counts["running"],
+        "sent": counts["succeeded"],
+        "retrying": counts["failed"],
+        "failed": counts["dead"],
+    }
+    return PeriodCounts(str(current(job.period)), {k: v for k, v in shown.items() if v})
 
 
 def period_of(job: Job, text: str | None) -> Period:

@@ -1,6 +1,7 @@
-"""`batchrun why` and the dashboard's entity page for a task job: the entity's submitted
-tasks (succeeded, dead, failed with its retry time), its waiting message and the worker
-run that did each step, on SQLite, MariaDB and PostgreSQL."""
+"""`batchrun why` and the dashboard for a task job: the entity's submitted tasks
+(succeeded, dead, failed with its retry time), its waiting message and the worker run
+that did each step; the job's tasks by state and the workers that ran them; on SQLite,
+MariaDB and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -46,10 +47,22 @@ def test_a_task_entitys_story(db_url: str) -> None:
     assert (none["state"], none["eligible"]) == (None, False)
     assert [e["what"] for e in none["events"]] == ["no task"]
 
-    with (
-        serve(env) as base,
-        urllib.request.urlopen(f"{base}/jobs/flaky/entities/5", timeout=10) as page,
-    ):
-        text = html.unescape(page.read().decode())
+    with serve(env) as base:
+        text, job_page, live = (
+            _get(f"{base}/jobs/flaky/entities/5"),
+            _get(f"{base}/jobs/flaky"),
+            json.loads(_get(f"{base}/api/live")),
+        )
     assert "task state" in text and "a task unfinished" in text
     assert "key t1, after 2 attempts" in text and "first attempt fails" in text
+    # The job's tasks, not an empty period: 1 succeeded, 1 waiting for its retry, 1 dead.
+    assert live["flaky.done"] == "2 / 3" and live["flaky.sent"] == 1, live
+    assert (live["flaky.retrying"], live["flaky.failed"], live["flaky.pending"]) == (1, 1, 0)
+    assert "<h2>Tasks</h2>" in job_page and "No run recorded" not in job_page
+    assert ">worker<" in job_page  # the worker that ran them, though it serves every job
+    assert 'name="period"' not in job_page.split("<h2>Tasks</h2>")[1]  # paused as a whole
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as page:
+        return html.unescape(page.read().decode())
