@@ -12,16 +12,22 @@ from batchrun.cli.conventions import examples, stderr
 from batchrun.control.steering import Controls
 from batchrun.period import parse as parse_period
 from batchrun.runtime.resources import open_backends
+from batchrun.task import is_task
 
 JobArgument = Annotated[str, typer.Argument(help="The job's name (see `batchrun jobs`).")]
 
 
 def _period(context: Invocation, job: str, period: str | None) -> str | None:
-    """The period as the job writes it (2025-6 -> 2025-06); exit 2 when malformed or the
-    job is unknown."""
-    unit = context.registry.get_job(job).period
+    """The period as the job writes it (2025-6 -> 2025-06); exit 2 when malformed, the
+    job is unknown, or it is a task job (which has no periods)."""
+    found = context.registry.get_job(job)
     if period is None:
         return None
+    if is_task(found):  # its tasks are steered as a whole: a period's row would reach none
+        raise typer.BadParameter(
+            f"{job} is a task job, which has no periods: leave out --period", param_hint="--period"
+        )
+    unit = found.period
     try:
         return str(parse_period(unit, period))
     except ValueError as exc:

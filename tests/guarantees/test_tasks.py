@@ -110,6 +110,17 @@ def test_a_paused_task_job_waits_then_runs(sqlite_url: str) -> None:
     assert [r[1] for r in effects(sqlite_url)] == ["p1"]
 
 
+def test_a_task_jobs_period_cannot_be_steered(sqlite_url: str) -> None:
+    """A task job is paused as a whole: a period's pause would reach none of its tasks, so
+    it is refused (exit 2, one line) and nothing is written."""
+    env = migrate_task_jobs(sqlite_url)
+    for verb in ("pause", "resume", "cancel"):
+        refused = run_cli(verb, "steps", "--period", "2026-12-02", env=env)
+        assert refused.returncode == 2, (verb, refused.stderr)
+        assert "task job, which has no periods" in refused.stderr, refused.stderr
+    assert query(sqlite_url, "SELECT COUNT(*) FROM batchrun_control")[0][0] == 0
+
+
 @pytest.mark.parametrize("server", ["mysql", "postgresql"])
 def test_four_workers_200_users_3_tasks_each(server: str, request: pytest.FixtureRequest) -> None:
     db_url: str = request.getfixturevalue(f"{server}_url" if server == "mysql" else "postgres_url")
