@@ -17,13 +17,14 @@ from batchrun.task import is_task
 JobArgument = Annotated[str, typer.Argument(help="The job's name (see `batchrun jobs`).")]
 
 
-def _period(context: Invocation, job: str, period: str | None) -> str | None:
+def _period(context: Invocation, job: str, period: str | None, *, undo: bool = False) -> str | None:
     """The period as the job writes it (2025-6 -> 2025-06); exit 2 when malformed, the
-    job is unknown, or it is a task job (which has no periods)."""
+    job is unknown, or it is a task job, which has no periods (``undo``: a resume, which
+    may still clear a period's row written before this was refused)."""
     found = context.registry.get_job(job)
     if period is None:
         return None
-    if is_task(found):  # its tasks are steered as a whole: a period's row would reach none
+    if is_task(found) and not undo:  # steered as a whole: a period's row would reach none
         raise typer.BadParameter(
             f"{job} is a task job, which has no periods: leave out --period", param_hint="--period"
         )
@@ -90,7 +91,7 @@ def resume(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) ->
     context: Invocation = ctx.obj
 
     async def go() -> int:
-        which = _period(context, job, period)
+        which = _period(context, job, period, undo=True)
         async with open_backends(context.settings) as backends:
             controls = Controls(backends.store.db)
             cleared = await controls.resume(job, which)

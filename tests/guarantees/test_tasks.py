@@ -111,14 +111,24 @@ def test_a_paused_task_job_waits_then_runs(sqlite_url: str) -> None:
 
 
 def test_a_task_jobs_period_cannot_be_steered(sqlite_url: str) -> None:
-    """A task job is paused as a whole: a period's pause would reach none of its tasks, so
-    it is refused (exit 2, one line) and nothing is written."""
+    """A task job is paused as a whole: a period's pause or cancel would reach none of its
+    tasks, so it is refused (exit 2, one line) and nothing is written."""
     env = migrate_task_jobs(sqlite_url)
-    for verb in ("pause", "resume", "cancel"):
+    for verb in ("pause", "cancel"):
         refused = run_cli(verb, "steps", "--period", "2026-12-02", env=env)
         assert refused.returncode == 2, (verb, refused.stderr)
         assert "task job, which has no periods" in refused.stderr, refused.stderr
     assert query(sqlite_url, "SELECT COUNT(*) FROM batchrun_control")[0][0] == 0
+    # A period's pause written before this was refused can still be cleared.
+    query(
+        sqlite_url,
+        "INSERT INTO batchrun_control (job, period, paused, reason, paused_at, updated_at)"
+        " VALUES ('steps', '2026-12-02', 1, 'old', 0, 0)",
+    )
+    cleared = run_cli("resume", "steps", "--period", "2026-12-02", env=env)
+    assert cleared.returncode == 0, cleared.stderr
+    rows = query(sqlite_url, "SELECT COUNT(*) FROM batchrun_control WHERE paused = 1")
+    assert rows[0][0] == 0
 
 
 @pytest.mark.parametrize("server", ["mysql", "postgresql"])
