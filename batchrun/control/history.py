@@ -30,6 +30,9 @@ OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 CANCELLED = "cancelled"  # the stop reason a `batchrun cancel` gives
 MAX_ERROR_CHARS = 500
 NO_LIMIT = 10**9
+# Kinds of run that serve every job's queue messages (a task job's tasks among them): their
+# rows name no job (runs_serving_job matches the same kinds).
+SERVING = ("worker", "lambda", "retry")
 
 
 def outcome_of(exit_code: int, stopped: str | None = None) -> Outcome:
@@ -178,6 +181,12 @@ class History:
         else:
             rows = await self.db.fetchall("runs_of_job", job=job, **params)
         return [RunRow.of(r) for r in rows]
+
+    async def runs_serving(self, job: str, *, limit: int = 50) -> list[RunRow]:
+        """A task job's runs, newest first: its own, and those serving every job
+        (``SERVING``), which run its tasks."""
+        params = {"job": job, "limit": min(limit, NO_LIMIT), "stale": self._stale()}
+        return [RunRow.of(r) for r in await self.db.fetchall("runs_serving_job", **params)]
 
     async def get(self, run_id: int) -> RunRow | None:
         """One row by id."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from email.utils import parseaddr
 from typing import TYPE_CHECKING, Any
 
-from batchrun.control.history import History
+from batchrun.control.history import SERVING, History, RunRow
 from batchrun.control.task_story import NOT_BY_A_RUN, task_events
 from batchrun.control.timeline import Event, iso
 from batchrun.db.base import now_ms
@@ -115,7 +115,8 @@ async def _with_runs(
 ) -> list[Event]:
     """The events in time order (what is true now first among those of a moment), each
     step a process took with the run that took it."""
-    finder = runs_at or await history_finder(w)
+    serving = SERVING if is_task(job) else None  # not an events drain, say
+    finder = runs_at or await history_finder(w, serving=serving)
     events = [
         Event(e.at, e.what, e.detail, await finder(job.name, e.at))
         if e.run_id is None and _by_a_run(e)
@@ -140,15 +141,22 @@ def _by_a_run(event: Event) -> bool:
     )
 
 
-async def history_finder(w: Wiring, limit: int = 1000) -> RunFinder:
-    """The run of a job (or a process serving every job) going on at a moment, from the
-    newest ``limit`` rows of the run history."""
+async def history_finder(
+    w: Wiring, limit: int = 1000, *, serving: tuple[str, ...] | None = None
+) -> RunFinder:
+    """The run of a job (or a process serving every job: with ``serving``, only one of
+    those kinds) going on at a moment, from the newest ``limit`` rows of the run history."""
     runs = await History(w.store.db, lease_s=w.settings.lease_s).runs(limit=limit)
+
+    def of(run: RunRow, job: str) -> bool:
+        if run.job is not None:
+            return run.job == job
+        return serving is None or run.kind in serving
 
     async def find(job: str, at: int) -> int | None:
         for run in runs:  # newest first: the innermost of overlapping runs wins
             end = run.ended_at if run.ended_at is not None else run.heartbeat_at
-            if run.job in (job, None) and run.started_at <= at <= end:
+            if of(run, job) and run.started_at <= at <= end:
                 return run.id
         return None
 

@@ -6,7 +6,8 @@ submitted (``created_at``), sent again because its message looked lost (``resent
 started (``started_at``, the last start only), and its end (``finished_at``: succeeded,
 failed and waiting for its retry time, or dead), or that it runs now. The entity is
 "eligible" while one of its tasks is unfinished; its state is that of the task whose
-turn it is (its oldest unfinished one), else of its newest.
+turn it is (its oldest unfinished one, told even when older than the newest
+``MAX_TASKS``), else of its newest.
 """
 
 from __future__ import annotations
@@ -31,13 +32,16 @@ async def task_events(
     rows = await db.fetchall("story_tasks", job=job, id=entity_id, limit=MAX_TASKS)
     if not rows:
         return False, None, [Event(now, "no task", "none submitted for this entity")]
-    unfinished = [r for r in rows if not TaskState(int(r[2])).final]
-    current = min(unfinished, key=lambda r: int(r[0])) if unfinished else rows[0]
+    current = await db.fetchone("story_task_current", job=job, id=entity_id)
+    if current is not None and all(int(r[0]) != int(current[0]) for r in rows):
+        rows.append(current)  # older than the newest told, and what the rest wait behind
     clock = await db.clock_ms()  # the server's, which the leases are on
     events = [e for row in rows for e in _steps(row, now, clock)]
-    if len(rows) == MAX_TASKS:
-        events.append(Event(now, "older tasks", f"only the newest {MAX_TASKS} are told"))
-    return bool(unfinished), NAMES[TaskState(int(current[2]))], events
+    if len(rows) >= MAX_TASKS:
+        told = "the newest" + (" and the one whose turn it is" if len(rows) > MAX_TASKS else "")
+        events.append(Event(now, "older tasks", f"not told: only {told} {MAX_TASKS}"))
+    state = TaskState(int((current or rows[0])[2]))
+    return current is not None, NAMES[state], events
 
 
 def _steps(row: Sequence[Any], now: int, clock: int) -> list[Event]:
@@ -65,10 +69,13 @@ def _steps(row: Sequence[Any], now: int, clock: int) -> list[Event]:
     elif state is TaskState.SUCCEEDED:
         out.append(Event(finished or now, "task succeeded", f"key {key}, after {tries}"))
     elif state is TaskState.DEAD:
-        detail = f"key {key}, for good after {tries}: {error}"
+        detail = f"key {key}, for good after {tries}: {error or '?'}"
         out.append(Event(finished or now, "task dead", detail))
     else:  # failed: waits for its next attempt
         again = "" if retry_at is None else f"; tried again from {iso(retry_at)}"
         detail = f"key {key}, {tries}, last error: {error or '?'}{again}"
         out.append(Event(finished or now, "task failed", detail))
+        if started is not None and finished is not None and started > finished:
+            back = f"key {key}: given back unattempted (busy, or a stop); another attempt waits"
+            out.append(Event(now, "task waiting", back))
     return out

@@ -23,6 +23,7 @@ from starlette.templating import Jinja2Templates
 from batchrun.control import metrics, story
 from batchrun.errors import BatchrunError
 from batchrun.job import Job
+from batchrun.period import parse as parse_period
 from batchrun.runtime.runtime import Runtime
 from batchrun.task import is_task
 from batchrun.ui import control, data
@@ -128,7 +129,7 @@ class Dashboard:
             selected = str(data.period_of(job, asked)) if asked else None
         except ValueError as exc:
             return PlainTextResponse(str(exc), status_code=400)
-        if selected is None:  # the newest period with ledger rows, else the current one
+        if selected is None or is_task(job):  # the newest with ledger rows, else the current
             selected = periods[0].period if periods else str(data.period_of(job, None))
         runs = await control.runs_of(self.runtime, job)
         live = "/api/live?" + urlencode({"job": job.name, "period": selected})
@@ -196,8 +197,12 @@ class Dashboard:
         job = self.job(request.path_params["job"])
         action = request.path_params["action"]
         period = form.get("period") or None  # none: every period of the job
+        if period and is_task(job) and action != "resume":  # resume clears an old row
+            return _back(
+                request, f"{action} failed: {job.name} is a task job, which has no periods"
+            )
         try:
-            which = data.period_of(job, period) if period else None
+            which = parse_period(job.period, period) if period else None
             done = await control.steer(self.runtime, job, which, action, form.get("reason"))
         except (ValueError, BatchrunError) as exc:
             return _back(request, f"{action} failed: {exc}")

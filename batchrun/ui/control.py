@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchrun.control.history import History, RunRow, iso
+from batchrun.control.history import SERVING, History, RunRow, iso
 from batchrun.control.steering import EVERY_PERIOD, Controls
 from batchrun.control.story import STATE_NAMES
 from batchrun.errors import UsageError
@@ -19,7 +19,6 @@ from batchrun.urls import mask_text
 ACTIONS = ("pause", "resume", "cancel")
 SHOWN_RUNS = 50
 SHOWN_PROBLEMS = 200
-SERVING = ("worker", "lambda")  # kinds of run that serve every job, task jobs' too
 
 
 def _history(rt: Runtime) -> History:
@@ -71,9 +70,8 @@ async def runs_of(rt: Runtime, job: Job, limit: int = SHOWN_RUNS) -> list[dict[s
 
 async def _serving(rt: Runtime, job: Job, limit: int) -> list[RunRow]:
     """The newest runs that can have run ``job``'s tasks: its own, and those serving
-    every job (found among the newest few times ``limit`` rows)."""
-    newest = await _history(rt).runs(limit=limit * 4)
-    return [r for r in newest if _of(r, job)][:limit]
+    every job."""
+    return await _history(rt).runs_serving(job.name, limit=limit)
 
 
 def _of(run: RunRow, job: Job) -> bool:
@@ -116,9 +114,11 @@ async def run(rt: Runtime, run_id: int) -> tuple[dict[str, Any], list[dict[str, 
 
 
 async def paused(rt: Runtime, job: Job, period: str) -> bool:
-    """Whether the job's period (or every period of the job) is paused."""
+    """Whether the job's period (or every period of the job) is paused; a task job only
+    as a whole (a period's row, which its tasks never read, does not count)."""
+    periods = (EVERY_PERIOD,) if is_task(job) else (EVERY_PERIOD, period)
     for row in await Controls(rt.store.db).rows():
-        if row.job == job.name and row.paused and row.period in (EVERY_PERIOD, period):
+        if row.job == job.name and row.paused and row.period in periods:
             return True
     return False
 

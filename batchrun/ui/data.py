@@ -21,6 +21,7 @@ from batchrun.tasks.store import TaskStore
 
 DONE = ("sent", "skipped", "failed")
 SHOWN_MESSAGES = 200
+TASKS = "tasks"  # a task job's one row, in place of a period
 
 
 @dataclass(slots=True)
@@ -85,7 +86,7 @@ async def progress(rt: Runtime, job: Job, period: str | None = None) -> PeriodCo
 async def tasks(rt: Runtime, job: Job) -> PeriodCounts:
     """A task job's tasks by state, under the ledger's names the pages show: pending
     (running too), sent (succeeded), retrying (failed, waiting for another attempt),
-    failed (dead). Labelled with the current period, which its context carries."""
+    failed (dead). Labelled ``tasks``: a task job has no periods."""
     counts = await TaskStore(rt.store.db).counts(job.name)
     shown = {
         "pending": counts["pending"] + counts["running"],
@@ -93,11 +94,14 @@ async def tasks(rt: Runtime, job: Job) -> PeriodCounts:
         "retrying": counts["failed"],
         "failed": counts["dead"],
     }
-    return PeriodCounts(str(current(job.period)), {k: v for k, v in shown.items() if v})
+    return PeriodCounts(TASKS, {k: v for k, v in shown.items() if v})
 
 
 def period_of(job: Job, text: str | None) -> Period:
-    """The period a page names (``?period=``), default the current one; ValueError if bad."""
+    """The period a page names (``?period=``), default the current one; ValueError if bad.
+    A task job's is always the current one, which its context carries."""
+    if is_task(job):
+        return current(job.period)
     return current(job.period) if not text else parse(job.period, text)
 
 

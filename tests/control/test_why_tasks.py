@@ -8,12 +8,16 @@ from __future__ import annotations
 import html
 import json
 import urllib.request
+from typing import Any
 
 from support.cli import run_cli
+from support.db import query
 from support.tasks import JOBS, migrate_task_jobs
 from support.ui import serve
 
 import batchrun
+from batchrun.control.task_story import MAX_TASKS, task_events
+from batchrun.tasks.store import TaskState, TaskStore
 
 
 def test_a_task_entitys_story(db_url: str) -> None:
@@ -24,19 +28,31 @@ def test_a_task_entitys_story(db_url: str) -> None:
         client.submit("flaky", 5, key="t3", data={"retry_s": 9})  # failed, its retry waits
     served = run_cli("worker", "--idle-exit", "2", env=env, timeout=120)
     assert served.returncode in (0, 1), served.stderr
+    with batchrun.connect(db=db_url, jobs=JOBS, env={}) as client:
+        client.submit("flaky", 5, key="t4")  # the newest: pending, behind t3
+    # An events drain (it serves every job, but runs no task) overlapping every step: it
+    # is the newest run, and must not be taken for the one that ran the tasks.
+    query(
+        db_url,
+        "INSERT INTO batchrun_run (job, period, kind, host, pid, version, started_at,"
+        " heartbeat_at, ended_at, exit_code, outcome) VALUES"
+        " (NULL, NULL, 'events', 'h', 1, 'v', 0, 4000000000000, 4000000000000, 0, 'ok')",
+    )
 
     told = run_cli("why", "flaky", "5", "--json", env=env)
     assert told.returncode == 0, told.stderr
     story = json.loads(told.stdout)
-    assert (story["state"], story["eligible"]) == ("failed", True)  # t3: its retry waits
+    # t3, whose retry waits, is the one whose turn it is (t4, the newest, waits behind it)
+    assert (story["state"], story["eligible"]) == ("failed", True)
     steps = {(e["what"], e["detail"].split(",")[0].split(":")[0]): e for e in story["events"]}
     assert steps[("task succeeded", "key t1")]["detail"] == "key t1, after 2 attempts"
     assert "told to fail" in steps[("task dead", "key t2")]["detail"]
     failed = steps[("task failed", "key t3")]["detail"]
     assert "first attempt fails" in failed and "tried again from" in failed, failed
     waiting = [e["detail"] for e in story["events"] if e["what"] == "entity_task message waiting"]
-    assert len(waiting) == 1 and "(entity_task, key t3)" in waiting[0], waiting
-    assert steps[("task succeeded", "key t1")]["run_id"] is not None  # the worker's run
+    assert len(waiting) == 2 and "(entity_task, key t3)" in waiting[0], waiting
+    worker_run = query(db_url, "SELECT id FROM batchrun_run WHERE kind = 'worker'")[0][0]
+    assert steps[("task succeeded", "key t1")]["run_id"] == worker_run  # not the drain's
     assert steps[("task submitted", "key t1")]["run_id"] is None  # an application's doing
     whats = [e["what"] for e in story["events"]]
     assert "no ledger row" not in whats and "not eligible now" not in whats
@@ -56,13 +72,32 @@ def test_a_task_entitys_story(db_url: str) -> None:
     assert "task state" in text and "a task unfinished" in text
     assert "key t1, after 2 attempts" in text and "first attempt fails" in text
     # The job's tasks, not an empty period: 1 succeeded, 1 waiting for its retry, 1 dead.
-    assert live["flaky.done"] == "2 / 3" and live["flaky.sent"] == 1, live
-    assert (live["flaky.retrying"], live["flaky.failed"], live["flaky.pending"]) == (1, 1, 0)
+    assert live["flaky.done"] == "2 / 4" and live["flaky.sent"] == 1, live
+    assert (live["flaky.retrying"], live["flaky.failed"], live["flaky.pending"]) == (1, 1, 1)
     assert "<h2>Tasks</h2>" in job_page and "No run recorded" not in job_page
     assert ">worker<" in job_page  # the worker that ran them, though it serves every job
+    assert ">events<" not in job_page  # a drain of mail events runs no task
     assert 'name="period"' not in job_page.split("<h2>Tasks</h2>")[1]  # paused as a whole
 
 
 def _get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as page:
         return html.unescape(page.read().decode())
+
+
+async def test_the_task_whose_turn_it_is_is_told_however_many_wait_behind(store: Any) -> None:
+    """One failed task, then more pending ones than a story tells: the failed one is still
+    told, and the entity's state is its (what the rest wait behind), on each database."""
+    tasks = TaskStore(store.db)
+    assert await tasks.submit("steps", 9, "first", "{}")
+    first = await tasks.get("steps", "first")
+    assert first is not None
+    now = await store.db.clock_ms()
+    assert await tasks.start_many([first.id], "A", now + 10_000, now) == {first.id}
+    assert await tasks.finish(first.id, "A", TaskState.FAILED, "boom", retry_at=now + 60_000)
+    for n in range(MAX_TASKS):
+        assert await tasks.submit("steps", 9, f"later-{n}", "{}")
+    eligible, state, events = await task_events(store.db, "steps", 9, now)
+    assert (eligible, state) == (True, "failed")
+    assert any(e.what == "task failed" and "key first" in e.detail for e in events)
+    assert events[-1].what == "older tasks", events[-1]

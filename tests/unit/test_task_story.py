@@ -69,3 +69,11 @@ def test_a_task_sent_again_then_failed_with_its_retry_time() -> None:
         steps[-1][1]
         == "key k1, 1 attempt, last error: boom; tried again from 2027-01-15T08:00:30.000Z"
     )
+
+
+def test_a_failed_task_given_back_unattempted_and_a_dead_one_without_an_error() -> None:
+    back = told(row(TaskState.FAILED, attempts=1, error="boom", started=NOW - 5, finished=NOW - 10))
+    assert [w for w, _ in back][-2:] == ["task failed", "task waiting"]
+    assert "given back unattempted" in back[-1][1]
+    dead = told(row(TaskState.DEAD, attempts=3, started=NOW - 20, finished=NOW - 10))
+    assert dead[-1] == ("task dead", "key k1, for good after 3 attempts: ?")

@@ -48,6 +48,17 @@ WHERE job = :job AND started_at >= :since
 ORDER BY id DESC
 LIMIT :limit;
 
+-- name: runs_serving_job
+-- A task job's runs: its own, and those serving every job's messages (its tasks too).
+SELECT id, job, period, kind, host, pid, version, started_at, heartbeat_at, ended_at,
+  exit_code,
+  CASE WHEN outcome = 'running' AND heartbeat_at < :stale THEN 'crashed' ELSE outcome END,
+  counts, error
+FROM batchrun_run
+WHERE job = :job OR (job IS NULL AND kind IN ('worker', 'lambda', 'retry'))
+ORDER BY id DESC
+LIMIT :limit;
+
 -- name: run_get
 SELECT id, job, period, kind, host, pid, version, started_at, heartbeat_at, ended_at,
   exit_code,

@@ -23,3 +23,13 @@ FROM batchrun_entity_task
 WHERE job = :job AND entity_id = :id
 ORDER BY id DESC
 LIMIT :limit;
+
+-- name: story_task_current
+-- Its oldest unfinished task: the one whose turn it is, which may be older than the
+-- newest story_tasks reads.
+SELECT id, task_key, state, attempts, owner, lease_until, last_error, created_at,
+  started_at, finished_at, retry_at, resent_at
+FROM batchrun_entity_task
+WHERE job = :job AND entity_id = :id AND state IN (0, 1, 3)
+ORDER BY id
+LIMIT 1;
