@@ -11,7 +11,7 @@ from typing import Any
 
 import aioboto3
 import pytest
-from support.aws_server import MotoServer
+from support.aws_server import MotoServer, make_queue_with_dlq
 from support.birthday import seed_users
 from support.cli import run_cli
 from support.db import query, table_digest
@@ -252,6 +252,26 @@ async def test_sqs_keeps_the_wait_of_a_copy_sent_before_the_redrive_limit(
     await asyncio.sleep(2.5)
     (copy,) = await queue.receive(max_messages=1, visibility_s=30)
     assert copy.receive_count == 1 and copy.body == item.body
+
+
+async def test_sqs_fifo_keeps_with_a_copy_before_the_redrive_limit(
+    moto_server: MotoServer,
+) -> None:
+    """A FIFO queue takes no per-message delay (SQS refuses DelaySeconds there): the copy
+    sent before the redrive limit goes without one, and is there to be received."""
+    moto_server.reset()
+    url, _ = make_queue_with_dlq(moto_server, max_receives=3, fifo=True)
+    queue = SqsQueue(url, env=moto_server.env, wait_s=0)
+    try:
+        await queue.send([task(1, job="other")])
+        for receives in (1, 2):
+            (item,) = await queue.receive(max_messages=1, visibility_s=30)
+            assert item.receive_count == receives
+            await queue.keep(item, 0 if receives == 1 else 5)  # the second: the copy
+        (copy,) = await queue.receive(max_messages=1, visibility_s=30)
+        assert copy.receive_count == 1 and copy.body == item.body
+    finally:
+        await queue.close()
 
 
 async def test_sqs_unknown_job_is_kept_and_counted(
