@@ -16,6 +16,7 @@ from batchrun.cli.conventions import examples, print_table, stdout
 from batchrun.control.history import History, iso
 from batchrun.control.steering import Control, Controls
 from batchrun.runtime.resources import open_backends
+from batchrun.task import is_task
 
 _SPAN = re.compile(r"^(\d+)([dhm])$")
 _UNIT_S = {"d": 86400, "h": 3600, "m": 60}
@@ -84,7 +85,8 @@ def runs(
     drain, with its host, times, exit code, outcome and counts.
 
     A run whose heartbeat stopped without an end (kill -9, a lost host) reads `crashed`
-    once its lease has passed.
+    once its lease has passed. For a task job, also the workers, Lambda invocations and
+    retry drains that serve every job (they run its tasks).
     """
     context: Invocation = ctx.obj
     settings = context.settings
@@ -93,7 +95,11 @@ def runs(
     async def go() -> int:
         async with open_backends(settings) as backends:
             history = History(backends.store.db, lease_s=settings.lease_s)
-            rows = await history.runs(job, since_ms=start, limit=limit)
+            entry = context.registry.get(job) if job is not None else None
+            if job is not None and entry is not None and is_task(entry.job):
+                rows = await history.runs_serving(job, since_ms=start, limit=limit)
+            else:
+                rows = await history.runs(job, since_ms=start, limit=limit)
         if as_json:
             print(json.dumps([r.to_json() for r in rows]))
             return 0

@@ -182,10 +182,11 @@ class History:
             rows = await self.db.fetchall("runs_of_job", job=job, **params)
         return [RunRow.of(r) for r in rows]
 
-    async def runs_serving(self, job: str, *, limit: int = 50) -> list[RunRow]:
-        """A task job's runs, newest first: its own, and those serving every job
-        (``SERVING``), which run its tasks."""
-        params = {"job": job, "limit": min(limit, NO_LIMIT), "stale": self._stale()}
+    async def runs_serving(self, job: str, *, since_ms: int = 0, limit: int = 50) -> list[RunRow]:
+        """A task job's runs started at or after ``since_ms``, newest first: its own, and
+        those serving every job (``SERVING``), which run its tasks."""
+        params = {"job": job, "since": since_ms, "limit": min(limit, NO_LIMIT)}
+        params["stale"] = self._stale()
         return [RunRow.of(r) for r in await self.db.fetchall("runs_serving_job", **params)]
 
     async def get(self, run_id: int) -> RunRow | None:

@@ -57,6 +57,9 @@ def test_a_task_entitys_story(db_url: str) -> None:
     whats = [e["what"] for e in story["events"]]
     assert "no ledger row" not in whats and "not eligible now" not in whats
 
+    runs = json.loads(run_cli("runs", "flaky", "--json", env=env).stdout)
+    assert [r["kind"] for r in runs] == ["worker"], runs  # it ran them; the drain did not
+
     lines = run_cli("why", "flaky", "5", env=env)
     assert "flaky entity 5: a task unfinished, task state failed" in lines.stdout, lines.stdout
     none = json.loads(run_cli("why", "flaky", "6", "--json", env=env).stdout)

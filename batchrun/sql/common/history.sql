@@ -55,7 +55,8 @@ SELECT id, job, period, kind, host, pid, version, started_at, heartbeat_at, ende
   CASE WHEN outcome = 'running' AND heartbeat_at < :stale THEN 'crashed' ELSE outcome END,
   counts, error
 FROM batchrun_run
-WHERE job = :job OR (job IS NULL AND kind IN ('worker', 'lambda', 'retry'))
+WHERE (job = :job OR (job IS NULL AND kind IN ('worker', 'lambda', 'retry')))
+  AND started_at >= :since
 ORDER BY id DESC
 LIMIT :limit;
 
