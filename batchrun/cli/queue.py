@@ -91,6 +91,8 @@ def worker(
     BATCHRUN_BUG_THRESHOLD entities in a row (a bug in a job) stops it with exit 1. An
     entity whose named backend is busy waits up to BATCHRUN_BUSY_WAIT_S, then goes back to
     the queue with a growing delay (counted busy): no attempt, never dead-lettered for it.
+    Finding the queue empty, it sends again the submitted tasks whose message was lost
+    (never started BATCHRUN_TASK_RESEND_S after their submission; counted requeued).
     """
     context: Invocation = ctx.obj
     settings = context.settings
@@ -177,7 +179,9 @@ def retry(
     know stay on the queue (unknown_job) and the drain exits 1 naming it: give the job's
     module with --jobs (`batchrun --jobs myjobs.py retry`). An entity whose named backend
     is busy waits up to BATCHRUN_BUSY_WAIT_S, then goes back with a growing delay (counted
-    busy, no attempt). On an error, one `error:` line (and with --json the summary, its
+    busy, no attempt). At its end it sends again, and works, the submitted tasks whose
+    message was lost (never started BATCHRUN_TASK_RESEND_S after their submission;
+    counted requeued). On an error, one `error:` line (and with --json the summary, its
     counts at 0, with an "error" key), exit 1.
     """
     context: Invocation = ctx.obj

@@ -1,6 +1,7 @@
 """A consumer's batch and its bookkeeping: received messages worked on the road while
 their visibility is kept up, then settled (deleted, hidden, given back, dead-lettered) and
-counted in entities; and the failures a run could not queue, queued again."""
+counted in entities; the failures a run could not queue, queued again; and, when the queue
+is empty, submitted tasks whose message was lost, sent again."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ from batchrun.pipeline.consume import Consumer
 from batchrun.pipeline.reports import RetrySummary
 from batchrun.pipeline.run import Options
 from batchrun.queue.base import QueueMessage, Received, WorkQueue
+from batchrun.task import Task
+from batchrun.tasks.resend import sweep_idle
+from batchrun.tasks.store import TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,17 @@ async def requeue_unqueued(store: Store, queue: WorkQueue, jobs: Mapping[str, Jo
         for scope, ids in by_scope.items():
             await store.mark_queued(scope, ids)
         total += len(rows)
+
+
+async def resend_lost_tasks(
+    store: Store, queue: WorkQueue, jobs: Mapping[str, Job], *, after_s: float
+) -> int:
+    """On an empty queue: send again the lost tasks of the task jobs among ``jobs``,
+    those nothing waits behind included (``tasks/resend.py: sweep_idle``); how many."""
+    tasks = {name: job.serial == "entity" for name, job in jobs.items() if isinstance(job, Task)}
+    if not tasks:
+        return 0
+    return await sweep_idle(TaskStore(store.db), queue, tasks, after_s=after_s)
 
 
 def count(result: RetrySummary, verdict: Disposition) -> None:

@@ -112,7 +112,7 @@ class RetrySummary(_Report):
     poison: int = 0
     dead_lettered: int = 0
     remaining: int = 0
-    requeued: int = 0  # ledger failures whose retry message was re-sent
+    requeued: int = 0  # ledger failures whose retry message was re-sent, lost tasks sent again
     lost_claims: int = 0
     not_eligible: int = 0  # tasks and retries whose entity the page does not return: dropped
     unknown_job: int = 0  # messages for jobs this process does not know: left on the queue

@@ -21,7 +21,7 @@ from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
 from batchrun.pipeline.apply import Disposition
 from batchrun.pipeline.consume import Consumer
-from batchrun.pipeline.drain import requeue_unqueued, work_batch
+from batchrun.pipeline.drain import requeue_unqueued, resend_lost_tasks, work_batch
 from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.pager import recheck
 from batchrun.pipeline.reports import FanOut, RetrySummary, Summary
@@ -265,6 +265,10 @@ class Runtime:
                     break
                 items.extend(got)
             if not items:
+                resent = await self.resend_lost_tasks(queue)  # worked by this drain
+                result.requeued += resent
+                if resent:
+                    continue
                 break
             received += len(items)
             broken = await self._settle(items, options, result, visibility)
@@ -320,6 +324,8 @@ class Runtime:
                 requeued_at = time.monotonic()
             items = await queue.receive(max_messages=prefetch, visibility_s=visibility_s)
             if not items:
+                # Nothing to give: a lost task nothing waits behind can be told (drain.py).
+                result.requeued += await self.resend_lost_tasks(queue)
                 # Idle: nothing received for idle_exit_s, and no task this worker put back
                 # to wait for its entity's turn is still to come back.
                 now = time.monotonic()
@@ -376,6 +382,12 @@ class Runtime:
         queue = queue or self.queue
         assert queue is not None
         return await work_batch(self.consumer, queue, items, options, result, visibility_s)
+
+    async def resend_lost_tasks(self, queue: WorkQueue) -> int:
+        """The queue is empty: send again the submitted tasks whose message was lost."""
+        return await resend_lost_tasks(
+            self.store, queue, self.jobs, after_s=self.settings.task_resend_s
+        )
 
     async def requeue_unqueued(self) -> int:
         """Queue the temporary failures that a run could not queue (the queue was down)."""

@@ -7,9 +7,11 @@ by its look: pending, never started, submitted more than ``BATCHRUN_TASK_RESEND_
 and not sent again since; for a job whose tasks run one at a time per entity, also its
 entity's oldest unfinished task since longer than that (its own message, until then,
 waits its turn: hidden until the batch that held it ends, then 1.5 x ``TURN_WAIT_MAX_S``
-at most). Two things send its message again: the same key submitted again, and a
-consumer whose messages wait behind it. ``resent_at``, set by a compare-and-set, makes
-one process the sender each period, however many wait behind it.
+at most). Three things send its message again: the same key submitted again, a consumer
+whose messages wait behind it, and, for a task nothing waits behind (its entity's only
+one, or any of a job with ``serial = "none"``), the idle sweep of a ``worker`` or
+``retry`` that finds the queue empty (``sweep_idle``). ``resent_at``, set by a
+compare-and-set, makes one process the sender each period, however many look.
 
 A message that was only slow (a deep queue, or a batch that ran a long task) gets a
 twin. The row still runs once, and the twin finds it done (deleted) or running (it waits
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from batchrun.queue.base import QueueMessage, WorkQueue
 from batchrun.tasks.store import TaskStore
@@ -36,6 +38,9 @@ _LOOKED: dict[tuple[str, str], float] = {}
 _WAITING: dict[tuple[str, str], set[int]] = {}
 WAITING_MAX = 10_000
 LOOK_CHUNK = 500  # entities a query
+# By (queue, job): the monotonic time of the last idle sweep in this process.
+_SWEPT: dict[tuple[str, str], float] = {}
+SWEEP_OLDEST = 500  # never-started tasks an idle sweep reads, oldest first
 
 
 async def resend_if_lost(
@@ -109,6 +114,45 @@ class LostTaskSweep:
         except Exception as exc:  # a look-out: the batch's outcomes stand
             log.warning("looking for lost %s tasks failed: %s", job, exc)
         return sent
+
+
+async def sweep_idle(
+    store: TaskStore, queue: WorkQueue, jobs: Mapping[str, bool], *, after_s: float
+) -> int:
+    """Send again what looks lost among each job's oldest never-started tasks, at most
+    once per min(60, ``after_s`` / 5) s per process, queue and job; the number sent.
+    ``jobs``: name -> whether its tasks run one at a time per entity. Called only when the
+    queue has nothing to give (a worker's empty receive, a drain's end): in a backlog every
+    task older than ``after_s`` would look lost and get a twin. A task of a serial job is
+    sent only when it is its entity's turn (``lost_firsts``). A failure is logged."""
+    clock = time.monotonic()
+    sent = 0
+    for job, serial in jobs.items():
+        swept = (queue.url, job)
+        last = _SWEPT.get(swept)
+        if last is not None and clock - last < min(60.0, after_s / 5):
+            continue
+        _SWEPT[swept] = clock
+        try:
+            now = await store.db.clock_ms()
+            cutoff = now - int(after_s * 1000)
+            found = await store.unstarted_lost(job, cutoff, SWEEP_OLDEST)
+            if serial and found:
+                firsts = await store.lost_firsts(job, sorted({e for e, _ in found}), cutoff)
+                found = sorted(firsts.items())
+            for entity, key in found:
+                if not await store.claim_resend(job, key, now, cutoff):
+                    continue
+                await _send(store, queue, job, entity, key, now)
+                log.warning(
+                    "task %r of job %r was submitted but never started: its message is sent again",
+                    key,
+                    job,
+                )
+                sent += 1
+        except Exception as exc:  # a look-out: whatever else the caller does stands
+            log.warning("looking for lost %s tasks failed: %s", job, exc)
+    return sent
 
 
 async def _send(

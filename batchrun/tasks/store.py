@@ -72,6 +72,12 @@ class TaskStore:
         rows = await self.db.fetchall("task_lost_firsts", job=job, ids=entities, cutoff=cutoff)
         return {int(r[0]): str(r[1]) for r in rows}
 
+    async def unstarted_lost(self, job: str, cutoff: int, limit: int) -> list[tuple[int, str]]:
+        """Of the job's ``limit`` oldest tasks no process ever started, those that look
+        lost at ``cutoff`` (whatever is before them): (entity, key), oldest first."""
+        rows = await self.db.fetchall("task_unstarted_oldest", job=job, cutoff=cutoff, limit=limit)
+        return [(int(r[0]), str(r[1])) for r in rows]
+
     async def get(self, job: str, key: str) -> TaskRow | None:
         row = await self.db.fetchone("task_get", job=job, key=key)
         if row is None:

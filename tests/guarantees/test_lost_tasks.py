@@ -24,7 +24,7 @@ from batchrun.errors import QueueError
 from batchrun.queue.base import WorkQueue
 from batchrun.queue.local import LocalQueue
 from batchrun.tasks import resend
-from batchrun.tasks.resend import LostTaskSweep
+from batchrun.tasks.resend import LostTaskSweep, sweep_idle
 from batchrun.tasks.store import TaskState, TaskStore
 from batchrun.tasks.submit import submit
 
@@ -34,6 +34,7 @@ def _no_looks_yet() -> Iterator[None]:
     """Each test starts with no look-out history (it is kept per process)."""
     resend._LOOKED.clear()
     resend._WAITING.clear()
+    resend._SWEPT.clear()
     yield
 
 
@@ -215,6 +216,65 @@ async def test_a_consumer_sends_what_its_waiting_tasks_wait_behind(store: Any) -
     assert await _queued(store) == ["a1", "b1"]
 
 
+async def test_an_idle_sweep_sends_a_lost_task_nothing_waits_behind(store: Any) -> None:
+    """An entity's only task, written with no message (s1), is found by the sweep of an
+    empty queue; a young task (s2), a task that waits its turn behind a running one (r2)
+    and one that started once (x1) are not; one sweep a period sends it."""
+    tasks, queue = TaskStore(store.db), LocalQueue(store.db)
+    for entity, key, age_s in (
+        (5, "s1", 3600),
+        (6, "s2", 10),
+        (7, "r1", 3600),
+        (7, "r2", 3600),
+        (8, "x1", 3600),
+    ):
+        assert await tasks.submit("steps", entity, key, "{}")
+        await _age(store.db, key, age_s)
+    for key, release in (("r1", False), ("x1", True)):
+        row = await tasks.get("steps", key)
+        assert row is not None and await tasks.start(row.id, "A", 30.0)
+        if release:
+            await tasks.release(row.id, "A")  # given back unattempted: pending, started once
+    assert await sweep_idle(tasks, queue, {"steps": True}, after_s=60) == 1
+    assert await _queued(store) == ["s1"]
+    assert await sweep_idle(tasks, queue, {"steps": True}, after_s=60) == 0  # swept just now
+    resend._SWEPT.clear()  # another process, the same period: s1 was sent already
+    assert await sweep_idle(tasks, queue, {"steps": True}, after_s=60) == 0
+    assert await _queued(store) == ["s1"]
+    resend._SWEPT.clear()  # a job run in parallel: r2 waits for nothing, so it is lost
+    assert await sweep_idle(tasks, queue, {"steps": False}, after_s=60) == 1
+    assert await _queued(store) == ["s1", "r2"]
+
+
+async def test_an_idle_sweep_reads_the_oldest_unstarted_tasks_only(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounded: it reads SWEEP_OLDEST never-started tasks, oldest first, whatever else is
+    in the table; a lost task further back is found once those before it have started."""
+    monkeypatch.setattr(resend, "SWEEP_OLDEST", 2)
+    tasks, queue = TaskStore(store.db), LocalQueue(store.db)
+    for entity, key in ((5, "a"), (6, "b"), (7, "c")):
+        assert await tasks.submit("steps", entity, key, "{}")
+        await _age(store.db, key, 3600 if key != "b" else 10)
+    assert await sweep_idle(tasks, queue, {"steps": True}, after_s=60) == 1
+    assert await _queued(store) == ["a"]  # c is not among the two oldest
+    for key in ("a", "b"):
+        row = await tasks.get("steps", key)
+        assert row is not None and await tasks.start(row.id, "A", 30.0)
+    resend._SWEPT.clear()
+    assert await sweep_idle(tasks, queue, {"steps": True}, after_s=60) == 1
+    assert await _queued(store) == ["a", "c"]
+
+
+async def test_an_idle_sweep_that_fails_is_logged(
+    store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    await store.db.execute_sql("DROP TABLE batchrun_entity_task", ())
+    sweep = sweep_idle(TaskStore(store.db), LocalQueue(store.db), {"steps": True}, after_s=60)
+    assert await sweep == 0
+    assert "looking for lost steps tasks failed" in caplog.text
+
+
 def _written_not_sent(db_url: str, entity: int, key: str, data: str, age_s: float) -> None:
     """What a submitter that died between its two steps leaves: the row, no message."""
 
@@ -243,6 +303,25 @@ def test_a_worker_runs_a_lost_task_its_entitys_later_task_waits_behind(sqlite_ur
     assert served.returncode == 0, served.stderr
     assert "never started: its message is sent again" in served.stderr
     assert [r[1] for r in effects(sqlite_url)] == ["k1", "k2"]
+
+
+@pytest.mark.parametrize("command", ["worker", "retry"])
+def test_a_lost_task_nothing_waits_behind_is_run_by_the_next_consumer(
+    sqlite_url: str, command: str
+) -> None:
+    """End to end: k5, its entity's only task, written with no message (its submitter
+    died): no message of the entity waits behind it and nobody submits it again. A
+    ``worker`` that finds the queue empty, or a ``retry`` drain at its end, sends it
+    again and runs it; the summary counts it in ``requeued``."""
+    env = {**migrate_task_jobs(sqlite_url), "BATCHRUN_TASK_RESEND_S": "1"}
+    _written_not_sent(sqlite_url, 5, "k5", '{"seq": 1}', age_s=5)
+    args = ["worker", "--idle-exit", "3"] if command == "worker" else ["retry"]
+    served = run_cli(*args, "--json", env=env, timeout=120)
+    assert served.returncode == 0, served.stderr
+    assert [r[1] for r in effects(sqlite_url)] == ["k5"]
+    summary = json.loads(served.stdout)
+    assert (summary["requeued"], summary["succeeded"]) == (1, 1), summary
+    assert "never started: its message is sent again" in served.stderr
 
 
 def test_the_cli_resubmission_of_a_lost_task_says_it_was_sent_again(sqlite_url: str) -> None:

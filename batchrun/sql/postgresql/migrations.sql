@@ -189,3 +189,12 @@ ALTER TABLE batchrun_entity_task ADD COLUMN resent_at BIGINT NULL;
 -- A failed task's next attempt starts no earlier than this (the database server's clock,
 -- ms): a second message of the task (a duplicate delivery, one sent again) waits for it.
 ALTER TABLE batchrun_entity_task ADD COLUMN retry_at BIGINT NULL;
+
+-- name: migrate_0071_entity_task_unstarted
+-- unless: index batchrun_entity_task.idx_batchrun_entity_task_unstarted
+-- The tasks no process ever started, by job in id order: where the sweep for lost tasks
+-- reads (tasks/resend.py), however many finished rows the table keeps. Small (pending
+-- tasks only); CONCURRENTLY: submits and starts go on while it builds.
+DROP INDEX CONCURRENTLY IF EXISTS idx_batchrun_entity_task_unstarted;
+CREATE INDEX CONCURRENTLY IF NOT EXISTS idx_batchrun_entity_task_unstarted
+  ON batchrun_entity_task (job, id) WHERE state = 0 AND started_at IS NULL;
