@@ -73,6 +73,8 @@ async def handle_sqs(
         async with RunRecord(runtime, kind="lambda") as record:
             await runtime.requeue_unqueued()
             dispositions = await runtime.process(items, options)
+            if not stop.stopping:  # a queue holding only this batch: lost tasks, sent again
+                await runtime.resend_lost_tasks(backends.queue, in_flight=len(items))
             failed = sum(1 for v in dispositions.values() if v.action != "delete")
             await record.end(3 if failed else 0, {"messages": len(items), "failed": failed})
         for item in items:

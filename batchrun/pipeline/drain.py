@@ -90,14 +90,27 @@ async def requeue_unqueued(store: Store, queue: WorkQueue, jobs: Mapping[str, Jo
 
 
 async def resend_lost_tasks(
-    store: Store, queue: WorkQueue, jobs: Mapping[str, Job], *, after_s: float
+    store: Store,
+    queue: WorkQueue,
+    jobs: Mapping[str, Job],
+    *,
+    after_s: float,
+    in_flight: int | None = None,
 ) -> int:
     """On an empty queue: send again the lost tasks of the task jobs among ``jobs``,
-    those nothing waits behind included (``tasks/resend.py: sweep_idle``); how many."""
+    those nothing waits behind included (``tasks/resend.py: sweep_idle``); how many.
+    ``in_flight``: the caller holds that many messages and does not know whether more
+    wait (a Lambda's batch): the queue is asked first, and must hold no more."""
     tasks = {name: job.serial == "entity" for name, job in jobs.items() if isinstance(job, Task)}
     if not tasks:
         return 0
-    return await sweep_idle(TaskStore(store.db), queue, tasks, after_s=after_s)
+
+    async def empty() -> bool:
+        depth, _ = await queue.depths()
+        return in_flight is not None and depth <= in_flight
+
+    ask = None if in_flight is None else empty
+    return await sweep_idle(TaskStore(store.db), queue, tasks, after_s=after_s, empty=ask)
 
 
 def count(result: RetrySummary, verdict: Disposition) -> None:

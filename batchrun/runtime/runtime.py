@@ -265,11 +265,10 @@ class Runtime:
                     break
                 items.extend(got)
             if not items:
-                resent = await self.resend_lost_tasks(queue)  # worked by this drain
-                result.requeued += resent
-                if resent:
-                    continue
-                break
+                result.requeued += (resent := await self.resend_lost_tasks(queue))
+                if not resent:
+                    break
+                continue  # to work what was sent again
             received += len(items)
             broken = await self._settle(items, options, result, visibility)
             if self.consumer.bugs.tripped is not None:
@@ -383,11 +382,10 @@ class Runtime:
         assert queue is not None
         return await work_batch(self.consumer, queue, items, options, result, visibility_s)
 
-    async def resend_lost_tasks(self, queue: WorkQueue) -> int:
-        """The queue is empty: send again the submitted tasks whose message was lost."""
-        return await resend_lost_tasks(
-            self.store, queue, self.jobs, after_s=self.settings.task_resend_s
-        )
+    async def resend_lost_tasks(self, queue: WorkQueue, in_flight: int | None = None) -> int:
+        """On an empty queue: the submitted tasks whose message was lost, sent again."""
+        held, wait_s = in_flight, self.settings.task_resend_s
+        return await resend_lost_tasks(self.store, queue, self.jobs, in_flight=held, after_s=wait_s)
 
     async def requeue_unqueued(self) -> int:
         """Queue the temporary failures that a run could not queue (the queue was down)."""

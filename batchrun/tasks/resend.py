@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from batchrun.queue.base import QueueMessage, WorkQueue
 from batchrun.tasks.store import TaskStore
@@ -117,22 +117,36 @@ class LostTaskSweep:
 
 
 async def sweep_idle(
-    store: TaskStore, queue: WorkQueue, jobs: Mapping[str, bool], *, after_s: float
+    store: TaskStore,
+    queue: WorkQueue,
+    jobs: Mapping[str, bool],
+    *,
+    after_s: float,
+    empty: Callable[[], Awaitable[bool]] | None = None,
 ) -> int:
     """Send again what looks lost among each job's oldest never-started tasks, at most
     once per min(60, ``after_s`` / 5) s per process, queue and job; the number sent.
-    ``jobs``: name -> whether its tasks run one at a time per entity. Called only when the
-    queue has nothing to give (a worker's empty receive, a drain's end): in a backlog every
-    task older than ``after_s`` would look lost and get a twin. A task of a serial job is
-    sent only when it is its entity's turn (``lost_firsts``). A failure is logged."""
+    ``jobs``: name -> whether its tasks run one at a time per entity. Only when the queue
+    has nothing to give (a worker's empty receive, a drain's end, or ``empty()`` says so
+    when a job is due): in a backlog every task older than ``after_s`` would look lost and
+    get a twin. A task of a serial job is sent only when it is its entity's turn
+    (``lost_firsts``). A failure is logged."""
     clock = time.monotonic()
+    due = [
+        (job, serial)
+        for job, serial in jobs.items()
+        if clock - _SWEPT.get((queue.url, job), -1e9) >= min(60.0, after_s / 5)
+    ]
+    for job, _ in due:
+        _SWEPT[(queue.url, job)] = clock
+    try:
+        if not due or (empty is not None and not await empty()):
+            return 0
+    except Exception as exc:
+        log.warning("looking for lost tasks failed: %s", exc)
+        return 0
     sent = 0
-    for job, serial in jobs.items():
-        swept = (queue.url, job)
-        last = _SWEPT.get(swept)
-        if last is not None and clock - last < min(60.0, after_s / 5):
-            continue
-        _SWEPT[swept] = clock
+    for job, serial in due:
         try:
             now = await store.db.clock_ms()
             cutoff = now - int(after_s * 1000)

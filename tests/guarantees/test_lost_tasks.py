@@ -12,15 +12,17 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
-from support.aws_server import MotoServer, aws_client
+from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
 from support.cli import run_cli
 from support.db import query
+from support.lambda_context import drain_as_sqs_events
 from support.tasks import JOBS, RefusingQueue, StepsTask, effects, migrate_task_jobs
 
 import batchrun
 from batchrun.db import connect
 from batchrun.db.base import Database
 from batchrun.errors import QueueError
+from batchrun.pipeline.drain import resend_lost_tasks
 from batchrun.queue.base import WorkQueue
 from batchrun.queue.local import LocalQueue
 from batchrun.tasks import resend
@@ -42,6 +44,12 @@ async def _queued(store: Any) -> list[str]:
     """The keys of the task messages on the local queue."""
     rows = await store.db.fetch_sql("SELECT body FROM batchrun_queue ORDER BY id", ())
     return [json.loads(r[0])["key"] for r in rows]
+
+
+async def _queued_kinds(store: Any) -> list[str]:
+    """Each message on the local queue: its task key, or its kind for any other."""
+    rows = await store.db.fetch_sql("SELECT body FROM batchrun_queue ORDER BY id", ())
+    return [json.loads(r[0]).get("key") or json.loads(r[0])["kind"] for r in rows]
 
 
 async def _age(db: Database, key: str, by_s: float) -> None:
@@ -266,6 +274,23 @@ async def test_an_idle_sweep_reads_the_oldest_unstarted_tasks_only(
     assert await _queued(store) == ["a", "c"]
 
 
+async def test_a_consumer_holding_a_batch_sweeps_only_if_the_queue_holds_no_more(
+    store: Any,
+) -> None:
+    """The Lambda's case: it holds its batch (in flight) and does not know what else waits.
+    The queue is asked: with one message more than the batch, nothing is swept (a
+    backlog); holding only the batch, the lost task is sent again."""
+    tasks, queue = TaskStore(store.db), LocalQueue(store.db)
+    assert await tasks.submit("steps", 5, "s1", "{}")
+    await _age(store.db, "s1", 3600)
+    await queue.send(['{"kind": "other"}', '{"kind": "other"}'])
+    jobs = {"steps": StepsTask()}
+    assert await resend_lost_tasks(store, queue, jobs, after_s=60, in_flight=1) == 0
+    resend._SWEPT.clear()
+    assert await resend_lost_tasks(store, queue, jobs, after_s=60, in_flight=2) == 1
+    assert (await _queued_kinds(store))[-1] == "s1"
+
+
 async def test_an_idle_sweep_that_fails_is_logged(
     store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -322,6 +347,27 @@ def test_a_lost_task_nothing_waits_behind_is_run_by_the_next_consumer(
     summary = json.loads(served.stdout)
     assert (summary["requeued"], summary["succeeded"]) == (1, 1), summary
     assert "never started: its message is sent again" in served.stderr
+
+
+def test_the_sqs_triggered_lambda_sends_a_lost_task_once_the_queue_holds_only_its_batch(
+    moto_server: MotoServer, mysql_url: str
+) -> None:
+    """k7, its entity's only task, has no message; another entity's task is submitted as
+    usual. The Lambda invocation that works it finds the queue holding nothing but its
+    batch, sends k7 again, and the next invocation runs it."""
+    moto_server.reset()
+    url, _ = make_queue_with_dlq(moto_server, visibility_s=30)
+    env = {
+        **migrate_task_jobs(mysql_url),
+        **moto_server.env,
+        "BATCHRUN_RETRY_QUEUE": url,
+        "BATCHRUN_TASK_RESEND_S": "1",
+    }
+    _written_not_sent(mysql_url, 9, "k7", '{"seq": 1}', age_s=5)
+    with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto_server.env) as client:
+        client.submit("steps", 10, data={"seq": 1}, key="k8")
+    drain_as_sqs_events(aws_client(moto_server), url, env, seconds=60)
+    assert sorted(r[1] for r in effects(mysql_url)) == ["k7", "k8"]
 
 
 def test_the_cli_resubmission_of_a_lost_task_says_it_was_sent_again(sqlite_url: str) -> None:
