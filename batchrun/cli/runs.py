@@ -13,7 +13,7 @@ import typer
 
 from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, print_table, stdout
-from batchrun.control.history import History, iso
+from batchrun.control.history import SERVING, History, iso
 from batchrun.control.steering import Control, Controls
 from batchrun.runtime.resources import open_backends
 from batchrun.task import is_task
@@ -132,22 +132,29 @@ def runs(
 
 async def overview(context: Invocation) -> dict[str, Any]:
     """``status`` with no job: per job its last run, what runs now and whether it is
-    paused; the runs serving every job; the queue depths."""
+    paused; the runs serving every job; the queue depths. A task job's runs are the
+    workers, Lambda invocations and retry drains that serve it (``runs TASKJOB``)."""
     settings = context.settings
     names = list(context.registry)
+    tasks = [name for name, entry in context.registry.items() if is_task(entry.job)]
     async with open_backends(settings, queue=True) as backends:
         history = History(backends.store.db, lease_s=settings.lease_s)
         last = await history.last_per_job()
         running = await history.running()
+        served = {name: await history.runs_serving(name, limit=20) for name in tasks}
         controls = await Controls(backends.store.db).rows()
         assert backends.queue is not None
         depth, dead = await backends.queue.depths()
     jobs: dict[str, Any] = {}
     for name in [*names, *sorted(set(last) - set(names))]:
         held = [c for c in controls if c.job == name and c.paused]
+        ended, now = last.get(name), [r for r in running if r.job == name]
+        if name in served:
+            ended = next((r for r in served[name] if r.outcome != "running"), ended)
+            now = [r for r in running if r.job == name or (r.job is None and r.kind in SERVING)]
         jobs[name] = {
-            "last_run": last[name].to_json() if name in last else None,
-            "running": [r.to_json() for r in running if r.job == name],
+            "last_run": ended.to_json() if ended is not None else None,
+            "running": [r.to_json() for r in now],
             "paused": [_paused(c) for c in held],
         }
     return {

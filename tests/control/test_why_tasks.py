@@ -59,6 +59,11 @@ def test_a_task_entitys_story(db_url: str) -> None:
 
     runs = json.loads(run_cli("runs", "flaky", "--json", env=env).stdout)
     assert [r["kind"] for r in runs] == ["worker"], runs  # it ran them; the drain did not
+    overview = json.loads(run_cli("status", "--json", env=env).stdout)["jobs"]["flaky"]
+    assert overview["last_run"]["kind"] == "worker", overview  # not "never"
+    assert overview["last_run"]["id"] == worker_run and overview["running"] == []
+    table = run_cli("status", env={**env, "COLUMNS": "200"})
+    assert "never" not in next(line for line in table.stdout.splitlines() if "flaky" in line)
 
     lines = run_cli("why", "flaky", "5", env=env)
     assert "flaky entity 5: a task unfinished, task state failed" in lines.stdout, lines.stdout
