@@ -28,12 +28,14 @@ except ImportError:  # pragma: no cover
 from batchrun import __version__
 from batchrun.cli.conventions import stderr
 from batchrun.errors import BatchrunError, ConfigError
+from batchrun.job import Job
 from batchrun.period import Period, Unit, current, parse
 from batchrun.pipeline.engine import StopToken
 from batchrun.registry import Registry, builtin_modules, discover, parse_specs
 from batchrun.runtime import Runtime
 from batchrun.runtime.resources import Backends
 from batchrun.settings import Settings, parse_rate
+from batchrun.task import is_task
 from batchrun.urls import mask_text
 
 log = logging.getLogger("batchrun")
@@ -236,6 +238,15 @@ def period_option(unit: Unit, value: str | None, hint: str) -> Period:
         return parse(unit, value)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint=hint) from None
+
+
+def no_task_period(job: Job, value: str | None, hint: str = "--period") -> None:
+    """Exit 2 when ``value`` gives a task job a period: it has none, and the command would
+    otherwise ignore it (or steer nothing)."""
+    if value is not None and is_task(job):
+        raise typer.BadParameter(
+            f"{job.name} is a task job, which has no periods: leave out {hint}", param_hint=hint
+        )
 
 
 def rate_option(value: str | None) -> float | Literal["auto"] | None:

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from batchrun.cli.app import Invocation, app, period_option, run_command
+from batchrun.cli.app import Invocation, app, no_task_period, period_option, run_command
 from batchrun.cli.conventions import examples, print_table, stderr, stdout
 from batchrun.cli.output import STATE_NAMES, table
 from batchrun.cli.runs import overview, print_overview
@@ -43,7 +43,8 @@ def status(
         ),
     ] = None,
     period: Annotated[
-        str | None, typer.Option("--period", help="The job's period; default: now (UTC).")
+        str | None,
+        typer.Option("--period", help="The job's period; default: now (UTC). Not for a task job."),
     ] = None,
     month: Annotated[
         str | None, typer.Option("--month", help="YYYY-MM (a month job's --period).")
@@ -78,6 +79,7 @@ def status(
     async def go() -> int:
         if job is not None:
             entries = [context.registry.entry(job)]
+            no_task_period(entries[0].job, period or month, "--period" if period else "--month")
             if isinstance(entries[0].job, Task):  # pending, running, succeeded, failed, dead
                 tasks = await task_status(context, entries[0].job)
                 if as_json:

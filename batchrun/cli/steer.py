@@ -7,12 +7,11 @@ from typing import Annotated
 
 import typer
 
-from batchrun.cli.app import Invocation, app, run_command
+from batchrun.cli.app import Invocation, app, no_task_period, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.control.steering import Controls
 from batchrun.period import parse as parse_period
 from batchrun.runtime.resources import open_backends
-from batchrun.task import is_task
 
 JobArgument = Annotated[str, typer.Argument(help="The job's name (see `batchrun jobs`).")]
 
@@ -24,10 +23,8 @@ def _period(context: Invocation, job: str, period: str | None, *, undo: bool = F
     found = context.registry.get_job(job)
     if period is None:
         return None
-    if is_task(found) and not undo:  # steered as a whole: a period's row would reach none
-        raise typer.BadParameter(
-            f"{job} is a task job, which has no periods: leave out --period", param_hint="--period"
-        )
+    if not undo:  # a task job is steered as a whole: a period's row would reach none
+        no_task_period(found, period)
     unit = found.period
     try:
         return str(parse_period(unit, period))

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from batchrun.cli.app import Invocation, app, period_option, run_command
+from batchrun.cli.app import Invocation, app, no_task_period, period_option, run_command
 from batchrun.cli.conventions import examples, print_table, stdout
 from batchrun.control import story
 from batchrun.control.timeline import iso
@@ -27,7 +27,8 @@ def why(
     job: Annotated[str, typer.Argument(metavar="JOB", help="The job's name.")],
     entity: Annotated[int, typer.Argument(metavar="ID", min=1, help="The entity's id.")],
     period: Annotated[
-        str | None, typer.Option("--period", help="The job's period; default: now (UTC).")
+        str | None,
+        typer.Option("--period", help="The job's period; default: now (UTC). Not for a task job."),
     ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", metavar="", help="Print one JSON object.")
@@ -47,6 +48,7 @@ def why(
 
     async def go() -> int:
         entry = context.registry.entry(job)
+        no_task_period(entry.job, period)
         which = period_option(entry.job.period, period, "--period")
         async with open_backends(settings, queue=True, jobs=[entry.job]) as backends:
             told = await story.tell(context.runtime(backends).wiring, entry.job, which, entity)

@@ -110,7 +110,7 @@ def test_a_paused_task_job_waits_then_runs(sqlite_url: str) -> None:
     assert [r[1] for r in effects(sqlite_url)] == ["p1"]
 
 
-def test_a_task_jobs_period_cannot_be_steered(sqlite_url: str) -> None:
+def test_a_task_jobs_period_cannot_be_steered_or_read(sqlite_url: str) -> None:
     """A task job is paused as a whole: a period's pause or cancel would reach none of its
     tasks, so it is refused (exit 2, one line) and nothing is written."""
     env = migrate_task_jobs(sqlite_url)
@@ -118,6 +118,16 @@ def test_a_task_jobs_period_cannot_be_steered(sqlite_url: str) -> None:
         refused = run_cli(verb, "steps", "--period", "2026-12-02", env=env)
         assert refused.returncode == 2, (verb, refused.stderr)
         assert "task job, which has no periods" in refused.stderr, refused.stderr
+    # Nor is a period read from: status and why would ignore it, so they refuse it too.
+    for args in (
+        ("status", "steps", "--period", "2026-12-02"),
+        ("why", "steps", "1", "--period", "2026-12-02"),
+        ("status", "steps", "--month", "2026-12"),
+    ):
+        refused = run_cli(*args, env=env)
+        assert refused.returncode == 2, (args, refused.stderr)
+        assert "steps is a task job, which has no periods: leave out --" in refused.stderr
+    assert run_cli("why", "steps", "1", env=env).returncode == 0
     assert query(sqlite_url, "SELECT COUNT(*) FROM batchrun_control")[0][0] == 0
     # A period's pause written before this was refused can still be cleared.
     query(
