@@ -4,7 +4,9 @@ A task job has no page and no ledger: what became of an entity is in its rows of
 ``batchrun_entity_task``. Each task gives up to four steps, from the times stored there:
 submitted (``created_at``), sent again because its message looked lost (``resent_at``),
 started (``started_at``, the last start only), and its end (``finished_at``: succeeded,
-failed and waiting for its retry time, or dead), or that it runs now. The entity is
+failed and waiting for its retry time, or dead), or that it runs now. The run of the last
+start and of the end it led to is the row's ``run_id`` (the worker, Lambda invocation or
+drain that started it); a row written before that column is told by time (story.py). The entity is
 "eligible" while one of its tasks is unfinished; its state is that of the task whose
 turn it is (its oldest unfinished one, told even when older than the newest
 ``MAX_TASKS``), else of its newest.
@@ -47,8 +49,8 @@ async def task_events(
 def _steps(row: Sequence[Any], now: int, clock: int) -> list[Event]:
     """One task's steps; ``now`` is this process's clock, ``clock`` the server's."""
     key, state, attempts, owner, lease_until, error = row[1], TaskState(int(row[2])), *row[3:7]
-    created, started, finished, retry_at, resent_at = (
-        None if v is None else int(v) for v in row[7:12]
+    created, started, finished, retry_at, resent_at, run = (
+        None if v is None else int(v) for v in row[7:13]
     )
     tries = f"{attempts} attempt{'s' if int(attempts) != 1 else ''}"
     out = [Event(int(created or 0), "task submitted", f"key {key}")]
@@ -59,22 +61,24 @@ def _steps(row: Sequence[Any], now: int, clock: int) -> list[Event]:
             detail = f"key {key}: attempt {int(attempts) + 1}, a process holds it ({owner})"
         else:
             detail = f"key {key}: its process's lease has ended; the next delivery takes it over"
-        out.append(Event(started or now, "task running", detail))
+        out.append(Event(started or now, "task running", detail, run))
         return out
     if started is not None:
-        out.append(Event(started, "task started", f"key {key}: its last start"))
+        out.append(Event(started, "task started", f"key {key}: its last start", run))
+    if started is not None and finished is not None and started > finished:
+        run = None  # started again after its end, and given back: its end's run is told by time
     if state is TaskState.PENDING:
         why = "not started yet" if started is None else "given back unattempted (busy, or a stop)"
         out.append(Event(now, "task waiting", f"key {key}: {why}"))
     elif state is TaskState.SUCCEEDED:
-        out.append(Event(finished or now, "task succeeded", f"key {key}, after {tries}"))
+        out.append(Event(finished or now, "task succeeded", f"key {key}, after {tries}", run))
     elif state is TaskState.DEAD:
         detail = f"key {key}, for good after {tries}: {error or '?'}"
-        out.append(Event(finished or now, "task dead", detail))
+        out.append(Event(finished or now, "task dead", detail, run))
     else:  # failed: waits for its next attempt
         again = "" if retry_at is None else f"; tried again from {iso(retry_at)}"
         detail = f"key {key}, {tries}, last error: {error or '?'}{again}"
-        out.append(Event(finished or now, "task failed", detail))
+        out.append(Event(finished or now, "task failed", detail, run))
         if started is not None and finished is not None and started > finished:
             back = f"key {key}: given back unattempted (busy, or a stop); another attempt waits"
             out.append(Event(now, "task waiting", back))

@@ -69,7 +69,7 @@ class TaskRoad:
         self.breaker = breaker
         self.bugs = bugs
         self.lost_tasks = lost_tasks
-        self.store = TaskStore(w.store.db)
+        self.store = TaskStore(w.store.db, w.store.run_id)
 
     async def process(self, entries: Sequence[Entry], options: Options) -> dict[str, Disposition]:
         found: dict[str, Disposition] = {}

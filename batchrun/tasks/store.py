@@ -36,8 +36,9 @@ class TaskRow:
 class TaskStore:
     """Submissions and turns over batchrun's database; ``me`` fences every write."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, run_id: int | None = None) -> None:
         self.db = db
+        self.run_id = run_id  # the batchrun_run row a start records (``why`` names it)
 
     async def submit(self, job: str, entity_id: int, key: str, data: str) -> bool:
         """Record a submission; False when its key was already submitted (nothing changes)."""
@@ -109,8 +110,9 @@ class TaskStore:
         """Mark the task running, leased to ``me``; False while another live process runs
         it, or before a failed task's ``retry_at``."""
         now = await self.db.clock_ms()
+        until = now + int(lease_s * 1000)
         started = await self.db.execute(
-            "task_start", id=task_id, me=me, until=now + int(lease_s * 1000), now=now
+            "task_start", id=task_id, me=me, until=until, now=now, run=self.run_id
         )
         return started > 0
 
@@ -188,7 +190,9 @@ class TaskStore:
         runs."""
         if not ids:
             return set()
-        await self.db.execute("task_start_many", ids=ids, me=me, until=until, now=now)
+        await self.db.execute(
+            "task_start_many", ids=ids, me=me, until=until, now=now, run=self.run_id
+        )
         return {int(r[0]) for r in await self.db.fetchall("task_mine", ids=ids, me=me)}
 
     async def finish_many(self, ids: list[int], me: str, state: TaskState) -> set[int]:

@@ -65,6 +65,19 @@ def test_a_task_entitys_story(db_url: str) -> None:
     table = run_cli("status", env={**env, "COLUMNS": "200"})
     assert "never" not in next(line for line in table.stdout.splitlines() if "flaky" in line)
 
+    # A second worker alive over every step (newer than the first): the run that started
+    # each task is the one recorded on its row, not the newest serving at that time.
+    query(
+        db_url,
+        "INSERT INTO batchrun_run (job, period, kind, host, pid, version, started_at,"
+        " heartbeat_at, ended_at, exit_code, outcome) VALUES"
+        " (NULL, NULL, 'worker', 'h2', 2, 'v', 0, 4000000000000, 4000000000000, 0, 'ok')",
+    )
+    again = json.loads(run_cli("why", "flaky", "5", "--json", env=env).stdout)["events"]
+    credited = {(e["what"], e["detail"].split(",")[0]): e["run_id"] for e in again}
+    assert credited[("task succeeded", "key t1")] == worker_run, again
+    assert credited[("task failed", "key t3")] == worker_run, again
+
     lines = run_cli("why", "flaky", "5", env=env)
     assert "flaky entity 5: a task unfinished, task state failed" in lines.stdout, lines.stdout
     none = json.loads(run_cli("why", "flaky", "6", "--json", env=env).stdout)

@@ -12,7 +12,7 @@ NOW = 1_800_000_000_000
 
 def row(state: TaskState, **times: Any) -> tuple[Any, ...]:
     """A story_tasks row: id, key, state, attempts, owner, lease_until, last_error, then
-    created_at, started_at, finished_at, retry_at, resent_at."""
+    created_at, started_at, finished_at, retry_at, resent_at, run_id."""
     return (
         1,
         "k1",
@@ -26,6 +26,7 @@ def row(state: TaskState, **times: Any) -> tuple[Any, ...]:
         times.get("finished"),
         times.get("retry_at"),
         times.get("resent_at"),
+        times.get("run"),
     )
 
 
@@ -77,3 +78,22 @@ def test_a_failed_task_given_back_unattempted_and_a_dead_one_without_an_error() 
     assert "given back unattempted" in back[-1][1]
     dead = told(row(TaskState.DEAD, attempts=3, started=NOW - 20, finished=NOW - 10))
     assert dead[-1] == ("task dead", "key k1, for good after 3 attempts: ?")
+
+
+def runs(r: tuple[Any, ...]) -> dict[str, int | None]:
+    return {e.what: e.run_id for e in _steps(r, NOW, NOW)}
+
+
+def test_the_run_that_started_a_task_is_its_start_and_its_ends() -> None:
+    """The row's run_id is the run of its last start and of the end that start led to; a
+    submission is no run's; a start after the end (given back) leaves the end to time."""
+    done = runs(row(TaskState.SUCCEEDED, attempts=1, started=NOW - 20, finished=NOW - 10, run=7))
+    assert done == {"task submitted": None, "task started": 7, "task succeeded": 7}
+    dead = runs(row(TaskState.DEAD, attempts=3, started=NOW - 20, finished=NOW - 10, run=8))
+    assert (dead["task started"], dead["task dead"]) == (8, 8)
+    held = runs(row(TaskState.RUNNING, owner="p1", lease_until=NOW + 5, started=NOW - 9, run=9))
+    assert held["task running"] == 9
+    back = runs(row(TaskState.FAILED, attempts=1, started=NOW - 5, finished=NOW - 10, run=4))
+    assert (back["task started"], back["task failed"]) == (4, None)
+    old = runs(row(TaskState.SUCCEEDED, attempts=1, started=NOW - 20, finished=NOW - 10))
+    assert old["task succeeded"] is None  # written before run_id: told by time

@@ -18,7 +18,7 @@ LIMIT :limit;
 -- name: story_tasks
 -- A task job's entity: its newest submitted tasks (control/task_story.py).
 SELECT id, task_key, state, attempts, owner, lease_until, last_error, created_at,
-  started_at, finished_at, retry_at, resent_at
+  started_at, finished_at, retry_at, resent_at, run_id
 FROM batchrun_entity_task
 WHERE job = :job AND entity_id = :id
 ORDER BY id DESC
@@ -28,7 +28,7 @@ LIMIT :limit;
 -- Its oldest unfinished task: the one whose turn it is, which may be older than the
 -- newest story_tasks reads.
 SELECT id, task_key, state, attempts, owner, lease_until, last_error, created_at,
-  started_at, finished_at, retry_at, resent_at
+  started_at, finished_at, retry_at, resent_at, run_id
 FROM batchrun_entity_task
 WHERE job = :job AND entity_id = :id AND state IN (0, 1, 3)
 ORDER BY id

@@ -14,9 +14,10 @@ ORDER BY id LIMIT 1;
 
 -- name: task_start
 -- Not before a failed task's retry_at: a second message of it waits. Once started, the
--- retry time is spent.
+-- retry time is spent. :run is the batchrun_run row of the process (NULL without one).
 UPDATE batchrun_entity_task
-SET state = 1, owner = :me, lease_until = :until, started_at = :now, retry_at = NULL
+SET state = 1, owner = :me, lease_until = :until, started_at = :now, retry_at = NULL,
+  run_id = :run
 WHERE id = :id AND (state IN (0, 3) OR (state = 1 AND lease_until < :now))
   AND (retry_at IS NULL OR retry_at <= :now);
 
@@ -126,7 +127,8 @@ GROUP BY entity_id;
 
 -- name: task_start_many
 UPDATE batchrun_entity_task
-SET state = 1, owner = :me, lease_until = :until, started_at = :now, retry_at = NULL
+SET state = 1, owner = :me, lease_until = :until, started_at = :now, retry_at = NULL,
+  run_id = :run
 WHERE id IN :ids* AND (state IN (0, 3) OR (state = 1 AND lease_until < :now))
   AND (retry_at IS NULL OR retry_at <= :now);
 

@@ -184,3 +184,9 @@ ALTER TABLE batchrun_entity_task ADD COLUMN resent_at BIGINT NULL, ALGORITHM=INS
 -- A failed task's next attempt starts no earlier than this (the database server's clock,
 -- ms): a second message of the task (a duplicate delivery, one sent again) waits for it.
 ALTER TABLE batchrun_entity_task ADD COLUMN retry_at BIGINT NULL, ALGORITHM=INSTANT;
+
+-- name: migrate_0072_entity_task_run_id
+-- unless: column batchrun_entity_task.run_id
+-- The batchrun_run row (a worker, a Lambda invocation, a retry drain) that last started
+-- the task: `why` names it. A NULL column without a default is instant on MariaDB 10.11.
+ALTER TABLE batchrun_entity_task ADD COLUMN run_id BIGINT UNSIGNED NULL, ALGORITHM=INSTANT;

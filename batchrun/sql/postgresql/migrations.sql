@@ -198,3 +198,9 @@ ALTER TABLE batchrun_entity_task ADD COLUMN retry_at BIGINT NULL;
 DROP INDEX CONCURRENTLY IF EXISTS idx_batchrun_entity_task_unstarted;
 CREATE INDEX CONCURRENTLY IF NOT EXISTS idx_batchrun_entity_task_unstarted
   ON batchrun_entity_task (job, id) WHERE state = 0 AND started_at IS NULL;
+
+-- name: migrate_0072_entity_task_run_id
+-- unless: column batchrun_entity_task.run_id
+-- The batchrun_run row (a worker, a Lambda invocation, a retry drain) that last started
+-- the task: `why` names it. A NULL column without a default is a catalog change only.
+ALTER TABLE batchrun_entity_task ADD COLUMN run_id BIGINT NULL;

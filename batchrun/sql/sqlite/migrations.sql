@@ -210,3 +210,9 @@ ALTER TABLE batchrun_entity_task ADD COLUMN retry_at INTEGER NULL;
 -- reads (tasks/resend.py), however many finished rows the table keeps.
 CREATE INDEX IF NOT EXISTS idx_batchrun_entity_task_unstarted
   ON batchrun_entity_task (job, id) WHERE state = 0 AND started_at IS NULL;
+
+-- name: migrate_0072_entity_task_run_id
+-- unless: column batchrun_entity_task.run_id
+-- The batchrun_run row (a worker, a Lambda invocation, a retry drain) that last started
+-- the task: `why` names it.
+ALTER TABLE batchrun_entity_task ADD COLUMN run_id INTEGER NULL;
