@@ -6,6 +6,7 @@ queue.py   retry, worker
 dead.py    dead list / redrive / purge
 status.py  status
 runs.py    runs, and status with no job (the overview)
+prune.py   prune (old run history and ended tasks)
 steer.py   pause, resume, cancel
 why.py     why (one entity's story)
 metrics.py metrics (Prometheus text)
@@ -32,6 +33,7 @@ from batchrun.cli import (
     metrics,
     new,
     preview,
+    prune,
     queue,
     runs,
     status,
@@ -58,6 +60,7 @@ __all__ = [
     "metrics",
     "new",
     "preview",
+    "prune",
     "queue",
     "runs",
     "status",

@@ -25,7 +25,7 @@ _SHOWN_COUNTS = ("eligible", "processed", "succeeded", "done", "skipped", "faile
 _SHOWN_IF_ANY = ("queued_for_retry", "dead_lettered", "left_pending")
 
 
-def since_ms(text: str | None, *, now: float | None = None) -> int:
+def since_ms(text: str | None, *, now: float | None = None, hint: str = "--since") -> int:
     """``--since``: ``7d``, ``12h``, ``30m`` ago, or a date ``YYYY-MM-DD`` (UTC); 0 if None."""
     if text is None:
         return 0
@@ -38,7 +38,7 @@ def since_ms(text: str | None, *, now: float | None = None) -> int:
     except ValueError:
         raise typer.BadParameter(
             f"{text!r}: use a span such as 7d, 12h or 30m, or a date YYYY-MM-DD",
-            param_hint="--since",
+            param_hint=hint,
         ) from None
     return int(day.timestamp() * 1000)
 
