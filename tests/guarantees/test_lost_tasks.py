@@ -349,6 +349,17 @@ def test_a_lost_task_nothing_waits_behind_is_run_by_the_next_consumer(
     assert "never started: its message is sent again" in served.stderr
 
 
+def _on_sqs(moto_server: MotoServer, url: str, db_url: str) -> dict[str, str]:
+    """The task jobs migrated on ``db_url``, consumed from the SQS queue ``url``; a task
+    looks lost one second after its submission."""
+    return {
+        **migrate_task_jobs(db_url),
+        **moto_server.env,
+        "BATCHRUN_RETRY_QUEUE": url,
+        "BATCHRUN_TASK_RESEND_S": "1",
+    }
+
+
 def test_the_sqs_triggered_lambda_sends_a_lost_task_once_the_queue_holds_only_its_batch(
     moto_server: MotoServer, mysql_url: str
 ) -> None:
@@ -357,12 +368,7 @@ def test_the_sqs_triggered_lambda_sends_a_lost_task_once_the_queue_holds_only_it
     batch, sends k7 again, and the next invocation runs it."""
     moto_server.reset()
     url, _ = make_queue_with_dlq(moto_server, visibility_s=30)
-    env = {
-        **migrate_task_jobs(mysql_url),
-        **moto_server.env,
-        "BATCHRUN_RETRY_QUEUE": url,
-        "BATCHRUN_TASK_RESEND_S": "1",
-    }
+    env = _on_sqs(moto_server, url, mysql_url)
     _written_not_sent(mysql_url, 9, "k7", '{"seq": 1}', age_s=5)
     with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto_server.env) as client:
         client.submit("steps", 10, data={"seq": 1}, key="k8")
@@ -393,12 +399,7 @@ def test_on_sqs_fifo_a_lost_task_is_sent_outside_the_group_it_waits_in(
     moto_server.reset()
     fifo = {"FifoQueue": "true"}
     url = aws_client(moto_server).create_queue(QueueName="tasks.fifo", Attributes=fifo)["QueueUrl"]
-    env = {
-        **migrate_task_jobs(mysql_url),
-        **moto_server.env,
-        "BATCHRUN_RETRY_QUEUE": url,
-        "BATCHRUN_TASK_RESEND_S": "1",
-    }
+    env = _on_sqs(moto_server, url, mysql_url)
     _written_not_sent(mysql_url, 3, "k1", '{"seq": 1}', age_s=0)
     with batchrun.connect(db=mysql_url, queue=url, jobs=JOBS, env=moto_server.env) as client:
         client.submit("steps", 3, data={"seq": 2}, key="k2")
