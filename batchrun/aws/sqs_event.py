@@ -73,8 +73,6 @@ async def handle_sqs(
         async with RunRecord(runtime, kind="lambda") as record:
             await runtime.requeue_unqueued()
             dispositions = await runtime.process(items, options)
-            if not stop.stopping:  # a queue holding only this batch: lost tasks, sent again
-                await runtime.resend_lost_tasks(backends.queue, in_flight=len(items))
             failed = sum(1 for v in dispositions.values() if v.action != "delete")
             await record.end(3 if failed else 0, {"messages": len(items), "failed": failed})
         for item in items:
@@ -87,6 +85,11 @@ async def handle_sqs(
         # succeeds, poison fails (the queue's redrive policy dead-letters it).
         unsettled = await settle_messages(backends.queue, items, dispositions, event_source=True)
         failures += [{"itemIdentifier": item.message_id} for item in unsettled]
+        # Settled: what time is left may look for lost tasks, if the queue holds no more
+        # than this batch (deleted by the event source mapping once the handler returns);
+        # the sweep stops at the deadline's margin.
+        if not stop.stopping:
+            await runtime.resend_lost_tasks(backends.queue, in_flight=len(items))
     metrics["Failures"] = len(failures)
     return {"batchItemFailures": failures}, metrics
 

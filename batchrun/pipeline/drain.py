@@ -15,12 +15,14 @@ from batchrun.db.store import Scope, Store
 from batchrun.job import Job
 from batchrun.pipeline.apply import Disposition, settle_messages
 from batchrun.pipeline.consume import Consumer
+from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.reports import RetrySummary
 from batchrun.pipeline.run import Options
+from batchrun.pipeline.wiring import Wiring
 from batchrun.queue.base import QueueMessage, Received, WorkQueue
 from batchrun.task import Task
-from batchrun.tasks.resend import sweep_idle
 from batchrun.tasks.store import TaskStore
+from batchrun.tasks.sweep import sweep_idle
 
 log = logging.getLogger(__name__)
 
@@ -90,18 +92,22 @@ async def requeue_unqueued(store: Store, queue: WorkQueue, jobs: Mapping[str, Jo
 
 
 async def resend_lost_tasks(
-    store: Store,
+    w: Wiring,
     queue: WorkQueue,
     jobs: Mapping[str, Job],
+    stop: StopToken,
     *,
-    after_s: float,
     in_flight: int | None = None,
 ) -> int:
-    """On an empty queue: send again the lost tasks of the task jobs among ``jobs``,
-    those nothing waits behind included (``tasks/resend.py: sweep_idle``); how many.
+    """On an empty queue: send again the lost tasks of the task jobs among ``jobs`` not
+    paused, those nothing waits behind included (``tasks/sweep.py``); how many.
     ``in_flight``: the caller holds that many messages and does not know whether more
     wait (a Lambda's batch): the queue is asked first, and must hold no more."""
-    tasks = {name: job.serial == "entity" for name, job in jobs.items() if isinstance(job, Task)}
+    tasks = {
+        name: job.serial == "entity"
+        for name, job in jobs.items()
+        if isinstance(job, Task) and w.steering.paused(name, None) is None
+    }
     if not tasks:
         return 0
 
@@ -109,8 +115,10 @@ async def resend_lost_tasks(
         depth, _ = await queue.depths()
         return in_flight is not None and depth <= in_flight
 
-    ask = None if in_flight is None else empty
-    return await sweep_idle(TaskStore(store.db), queue, tasks, after_s=after_s, empty=ask)
+    after_s, ask = w.settings.task_resend_s, None if in_flight is None else empty
+    return await sweep_idle(
+        TaskStore(w.store.db), queue, tasks, after_s=after_s, stop=stop, empty=ask
+    )
 
 
 def count(result: RetrySummary, verdict: Disposition) -> None:

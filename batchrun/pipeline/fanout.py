@@ -1,13 +1,16 @@
-"""The fan-out producer: a period's unfinished entities as id ranges (shards) on a queue."""
+"""The fan-out producer: a period's unfinished entities as id ranges (shards) on a queue;
+and named entities of a period, each its own message (``batchrun submit --period``)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
+from batchrun.errors import UsageError
 from batchrun.job import Job
 from batchrun.period import Period
 from batchrun.pipeline.engine import StopToken
-from batchrun.pipeline.pager import page, unfinished
+from batchrun.pipeline.pager import page, recheck, unfinished
 from batchrun.pipeline.reports import FanOut
 from batchrun.pipeline.run import scope_of
 from batchrun.pipeline.wiring import Wiring
@@ -49,3 +52,22 @@ async def fan_out(
             break
     result.duration_s = time.monotonic() - started
     return result
+
+
+async def queue_entities(
+    w: Wiring, stop: StopToken, job: Job, period: Period, ids: Sequence[int], queue: WorkQueue
+) -> int:
+    """Queue one task per entity of ``ids``; how many. UsageError, nothing queued, when the
+    job's page does not return some of them for ``period`` (naming them)."""
+    ctx, _ = w.effects.context(job, period, stop=stop, dry_run=True)
+    absent = [i for i in dict.fromkeys(ids) if await recheck(job, ctx, i) is None]
+    if absent:
+        shown = ", ".join(str(i) for i in absent[:20]) + (" …" if len(absent) > 20 else "")
+        raise UsageError(
+            f"{job.name} {period}: the job's page does not return id {shown} "
+            "(not eligible for this period); nothing queued"
+        )
+    bodies = [QueueMessage("task", job.name, str(period), entity_id=i).to_json() for i in ids]
+    for start in range(0, len(bodies), SEND_BATCH):
+        await queue.send(bodies[start : start + SEND_BATCH])
+    return len(bodies)

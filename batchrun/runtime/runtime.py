@@ -15,7 +15,7 @@ from typing import Any
 from batchrun.control.steering import Steering
 from batchrun.db.store import MAX_ID, Store
 from batchrun.effects.lender import Effects
-from batchrun.errors import MailUnreachableError, NotMigratedError, UsageError
+from batchrun.errors import MailUnreachableError, NotMigratedError
 from batchrun.job import Job
 from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
@@ -23,18 +23,17 @@ from batchrun.pipeline.apply import Disposition
 from batchrun.pipeline.consume import Consumer
 from batchrun.pipeline.drain import requeue_unqueued, resend_lost_tasks, work_batch
 from batchrun.pipeline.engine import StopToken
-from batchrun.pipeline.pager import recheck
+from batchrun.pipeline.fanout import fan_out, queue_entities
 from batchrun.pipeline.reports import FanOut, RetrySummary, Summary
 from batchrun.pipeline.run import Options, hand_on, new_summary, run_period
 from batchrun.pipeline.wiring import Wiring
 from batchrun.policy.retry import RetryPolicy
-from batchrun.queue.base import QueueMessage, Received, WorkQueue
+from batchrun.queue.base import Received, WorkQueue
 from batchrun.runtime import inspection, preflight
 from batchrun.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SEND_BATCH = 10  # SQS's SendMessageBatch limit
 IDLE_POLL_S = 0.5  # a worker's pause between empty receives (SQS long-polls on top)
 OUTAGE_BACKOFF_S = (1.0, 30.0)  # a worker's pause after the mail backend was unreachable
 REQUEUE_EVERY_S = 60.0  # how often a worker re-sends failures the queue did not take
@@ -180,8 +179,6 @@ class Runtime:
         self, period: Period, queue: WorkQueue, *, shard_size: int, job: Job | str | None = None
     ) -> FanOut:
         """Queue the period's unfinished entities as id ranges (shards) for many consumers."""
-        from batchrun.pipeline.fanout import fan_out
-
         return await fan_out(
             self.wiring, self.stop, self._job(job), period, queue, shard_size=shard_size
         )
@@ -196,18 +193,7 @@ class Runtime:
         assert self.queue is not None
         which = self._job(job)
         await self.preflight(which)
-        ctx, _ = self.effects.context(which, period, stop=self.stop, dry_run=True)
-        absent = [i for i in dict.fromkeys(ids) if await recheck(which, ctx, i) is None]
-        if absent:
-            shown = ", ".join(str(i) for i in absent[:20]) + (" …" if len(absent) > 20 else "")
-            raise UsageError(
-                f"{which.name} {period}: the job's page does not return id {shown} "
-                "(not eligible for this period); nothing queued"
-            )
-        bodies = [QueueMessage("task", which.name, str(period), entity_id=i).to_json() for i in ids]
-        for start in range(0, len(bodies), SEND_BATCH):
-            await self.queue.send(bodies[start : start + SEND_BATCH])
-        return len(bodies)
+        return await queue_entities(self.wiring, self.stop, which, period, ids, self.queue)
 
     async def status(self, job: Job | str, period: Period, *, problems: int = 50) -> dict[str, Any]:
         """The ledger's counts for the job's period, the job's own (``Job.status``), and the
@@ -324,7 +310,10 @@ class Runtime:
             items = await queue.receive(max_messages=prefetch, visibility_s=visibility_s)
             if not items:
                 # Nothing to give: a lost task nothing waits behind can be told (drain.py).
-                result.requeued += await self.resend_lost_tasks(queue)
+                if resent := await self.resend_lost_tasks(queue):
+                    result.requeued += resent
+                    idle_since = time.monotonic()  # not idle: it works what it sent
+                    continue
                 # Idle: nothing received for idle_exit_s, and no task this worker put back
                 # to wait for its entity's turn is still to come back.
                 now = time.monotonic()
@@ -383,9 +372,13 @@ class Runtime:
         return await work_batch(self.consumer, queue, items, options, result, visibility_s)
 
     async def resend_lost_tasks(self, queue: WorkQueue, in_flight: int | None = None) -> int:
-        """On an empty queue: the submitted tasks whose message was lost, sent again."""
-        held, wait_s = in_flight, self.settings.task_resend_s
-        return await resend_lost_tasks(self.store, queue, self.jobs, in_flight=held, after_s=wait_s)
+        """On an empty queue: the submitted tasks whose message was lost, sent again
+        (onto the queue tasks are submitted to only: another's emptiness tells nothing)."""
+        if self.queue is None or queue.url != self.queue.url:
+            return 0
+        return await resend_lost_tasks(
+            self.wiring, queue, self.jobs, self.stop, in_flight=in_flight
+        )
 
     async def requeue_unqueued(self) -> int:
         """Queue the temporary failures that a run could not queue (the queue was down)."""

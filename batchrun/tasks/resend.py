@@ -9,9 +9,9 @@ entity's oldest unfinished task since longer than that (its own message, until t
 waits its turn: hidden until the batch that held it ends, then 1.5 x ``TURN_WAIT_MAX_S``
 at most). Three things send its message again: the same key submitted again, a consumer
 whose messages wait behind it, and, for a task nothing waits behind (its entity's only
-one, or any of a job with ``serial = "none"``), the idle sweep of a ``worker`` or
-``retry`` that finds the queue empty (``sweep_idle``). ``resent_at``, set by a
-compare-and-set, makes one process the sender each period, however many look.
+one, or any of a job with ``serial = "none"``), a consumer that finds the queue empty
+(``tasks/sweep.py``). ``resent_at``, set by a compare-and-set, makes one process the
+sender each period, however many look.
 
 A message that was only slow (a deep queue, or a batch that ran a long task) gets a
 twin. The row still runs once, and the twin finds it done (deleted) or running (it waits
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Sequence
 
 from batchrun.queue.base import QueueMessage, WorkQueue
 from batchrun.tasks.store import TaskStore
@@ -38,9 +38,6 @@ _LOOKED: dict[tuple[str, str], float] = {}
 _WAITING: dict[tuple[str, str], set[int]] = {}
 WAITING_MAX = 10_000
 LOOK_CHUNK = 500  # entities a query
-# By (queue, job): the monotonic time of the last idle sweep in this process.
-_SWEPT: dict[tuple[str, str], float] = {}
-SWEEP_OLDEST = 500  # never-started tasks an idle sweep reads, oldest first
 
 
 async def resend_if_lost(
@@ -116,69 +113,32 @@ class LostTaskSweep:
         return sent
 
 
-async def sweep_idle(
-    store: TaskStore,
-    queue: WorkQueue,
-    jobs: Mapping[str, bool],
-    *,
-    after_s: float,
-    empty: Callable[[], Awaitable[bool]] | None = None,
-) -> int:
-    """Send again what looks lost among each job's oldest never-started tasks, at most
-    once per min(60, ``after_s`` / 5) s per process, queue and job; the number sent.
-    ``jobs``: name -> whether its tasks run one at a time per entity. Only when the queue
-    has nothing to give (a worker's empty receive, a drain's end, or ``empty()`` says so
-    when a job is due): in a backlog every task older than ``after_s`` would look lost and
-    get a twin. A task of a serial job is sent only when it is its entity's turn
-    (``lost_firsts``). A failure is logged."""
-    clock = time.monotonic()
-    due = [
-        (job, serial)
-        for job, serial in jobs.items()
-        if clock - _SWEPT.get((queue.url, job), -1e9) >= min(60.0, after_s / 5)
-    ]
-    for job, _ in due:
-        _SWEPT[(queue.url, job)] = clock
-    try:
-        if not due or (empty is not None and not await empty()):
-            return 0
-    except Exception as exc:
-        log.warning("looking for lost tasks failed: %s", exc)
-        return 0
-    sent = 0
-    for job, serial in due:
-        try:
-            now = await store.db.clock_ms()
-            cutoff = now - int(after_s * 1000)
-            found = await store.unstarted_lost(job, cutoff, SWEEP_OLDEST)
-            if serial and found:
-                firsts = await store.lost_firsts(job, sorted({e for e, _ in found}), cutoff)
-                found = sorted(firsts.items())
-            for entity, key in found:
-                if not await store.claim_resend(job, key, now, cutoff):
-                    continue
-                await _send(store, queue, job, entity, key, now)
-                log.warning(
-                    "task %r of job %r was submitted but never started: its message is sent again",
-                    key,
-                    job,
-                )
-                sent += 1
-        except Exception as exc:  # a look-out: whatever else the caller does stands
-            log.warning("looking for lost %s tasks failed: %s", job, exc)
-    return sent
-
-
 async def _send(
     store: TaskStore, queue: WorkQueue, job: str, entity_id: int, key: str, claimed_at: int
 ) -> None:
     """Send the message again; if it cannot be, undo the claim so the next look retries."""
-    message = QueueMessage("entity_task", job, "", entity_id=entity_id, key=key, resent=True)
+    await send_again(store, queue, job, [(entity_id, key)], claimed_at)
+
+
+async def send_again(
+    store: TaskStore,
+    queue: WorkQueue,
+    job: str,
+    tasks: Sequence[tuple[int, str]],
+    claimed_at: int,
+) -> None:
+    """Send the messages of ``tasks`` (entity, key) again, claimed at ``claimed_at``, in
+    one call; if the queue refuses them, undo every claim so the next look retries."""
+    bodies = [
+        QueueMessage("entity_task", job, "", entity_id=entity, key=key, resent=True).to_json()
+        for entity, key in tasks
+    ]
     try:
-        await queue.send([message.to_json()])
+        await queue.send(bodies)
     except BaseException:
-        try:
-            await store.unclaim_resend(job, key, claimed_at)
-        except Exception as exc:  # the send's error is the one to report
-            log.warning("task %r of job %r: its resend not undone: %s", key, job, exc)
+        for _, key in tasks:
+            try:
+                await store.unclaim_resend(job, key, claimed_at)
+            except Exception as exc:  # the send's error is the one to report
+                log.warning("task %r of job %r: its resend not undone: %s", key, job, exc)
         raise

@@ -73,11 +73,16 @@ class TaskStore:
         rows = await self.db.fetchall("task_lost_firsts", job=job, ids=entities, cutoff=cutoff)
         return {int(r[0]): str(r[1]) for r in rows}
 
-    async def unstarted_lost(self, job: str, cutoff: int, limit: int) -> list[tuple[int, str]]:
-        """Of the job's ``limit`` oldest tasks no process ever started, those that look
-        lost at ``cutoff`` (whatever is before them): (entity, key), oldest first."""
-        rows = await self.db.fetchall("task_unstarted_oldest", job=job, cutoff=cutoff, limit=limit)
-        return [(int(r[0]), str(r[1])) for r in rows]
+    async def unstarted_slice(
+        self, job: str, after: int, cutoff: int, limit: int
+    ) -> tuple[int, int, list[tuple[int, str]]]:
+        """The job's next ``limit`` never-started tasks after id ``after``: how many were
+        read, the last id read, and those that look lost at ``cutoff`` (entity, key)."""
+        rows = await self.db.fetchall(
+            "task_unstarted_slice", job=job, after=after, cutoff=cutoff, limit=limit
+        )
+        lost = [(int(r[1]), str(r[2])) for r in rows if int(r[3])]
+        return len(rows), int(rows[-1][0]) if rows else after, lost
 
     async def get(self, job: str, key: str) -> TaskRow | None:
         row = await self.db.fetchone("task_get", job=job, key=key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
 import pytest
@@ -19,16 +19,20 @@ from support.lambda_context import drain_as_sqs_events
 from support.tasks import JOBS, RefusingQueue, StepsTask, effects, migrate_task_jobs
 
 import batchrun
+from batchrun.control.steering import Control
 from batchrun.db import connect
 from batchrun.db.base import Database
 from batchrun.errors import QueueError
-from batchrun.pipeline.drain import resend_lost_tasks
+from batchrun.pipeline.engine import StopToken
 from batchrun.queue.base import WorkQueue
 from batchrun.queue.local import LocalQueue
-from batchrun.tasks import resend
-from batchrun.tasks.resend import LostTaskSweep, sweep_idle
+from batchrun.runtime import Runtime
+from batchrun.settings import Settings
+from batchrun.tasks import resend, sweep
+from batchrun.tasks.resend import LostTaskSweep
 from batchrun.tasks.store import TaskState, TaskStore
 from batchrun.tasks.submit import submit
+from batchrun.tasks.sweep import sweep_idle
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +40,8 @@ def _no_looks_yet() -> Iterator[None]:
     """Each test starts with no look-out history (it is kept per process)."""
     resend._LOOKED.clear()
     resend._WAITING.clear()
-    resend._SWEPT.clear()
+    sweep._SWEPT.clear()
+    sweep._CURSOR.clear()
     yield
 
 
@@ -246,48 +251,80 @@ async def test_an_idle_sweep_sends_a_lost_task_nothing_waits_behind(store: Any) 
     assert await sweep_idle(tasks, queue, {"steps": True}, after_s=60) == 1
     assert await _queued(store) == ["s1"]
     assert await sweep_idle(tasks, queue, {"steps": True}, after_s=60) == 0  # swept just now
-    resend._SWEPT.clear()  # another process, the same period: s1 was sent already
+    sweep._SWEPT.clear()  # another process, the same period: s1 was sent already
     assert await sweep_idle(tasks, queue, {"steps": True}, after_s=60) == 0
     assert await _queued(store) == ["s1"]
-    resend._SWEPT.clear()  # a job run in parallel: r2 waits for nothing, so it is lost
+    sweep._SWEPT.clear()  # a job run in parallel: r2 waits for nothing, so it is lost
     assert await sweep_idle(tasks, queue, {"steps": False}, after_s=60) == 1
     assert await _queued(store) == ["s1", "r2"]
 
 
-async def test_an_idle_sweep_reads_the_oldest_unstarted_tasks_only(
+async def test_an_idle_sweep_reads_a_slice_at_a_time_from_where_it_stopped(
     store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Bounded: it reads SWEEP_OLDEST never-started tasks, oldest first, whatever else is
-    in the table; a lost task further back is found once those before it have started."""
-    monkeypatch.setattr(resend, "SWEEP_OLDEST", 2)
+    """Bounded: a sweep reads SLICE never-started tasks in id order, the next one on from
+    where it stopped, then round again: a head of tasks that only wait their turn (w1, w2
+    behind the running r) cannot hide a lost task behind it (c) from every sweep."""
+    monkeypatch.setattr(sweep, "SLICE", 2)
     tasks, queue = TaskStore(store.db), LocalQueue(store.db)
-    for entity, key in ((5, "a"), (6, "b"), (7, "c")):
+    for entity, key in ((5, "r"), (5, "w1"), (5, "w2"), (7, "c"), (8, "d")):
         assert await tasks.submit("steps", entity, key, "{}")
-        await _age(store.db, key, 3600 if key != "b" else 10)
-    assert await sweep_idle(tasks, queue, {"steps": True}, after_s=60) == 1
-    assert await _queued(store) == ["a"]  # c is not among the two oldest
-    for key in ("a", "b"):
-        row = await tasks.get("steps", key)
-        assert row is not None and await tasks.start(row.id, "A", 30.0)
-    resend._SWEPT.clear()
-    assert await sweep_idle(tasks, queue, {"steps": True}, after_s=60) == 1
-    assert await _queued(store) == ["a", "c"]
+        await _age(store.db, key, 3600)
+    row = await tasks.get("steps", "r")
+    assert row is not None and await tasks.start(row.id, "A", 30.0)  # w1, w2 wait behind it
+
+    async def swept() -> int:
+        sweep._SWEPT.clear()  # as if its period had passed
+        return await sweep_idle(tasks, queue, {"steps": True}, after_s=60)
+
+    assert await swept() == 0  # w1, w2: their turn has not come
+    assert await swept() == 2  # c, d
+    assert await _queued(store) == ["c", "d"]
+    assert await swept() == 0  # round again: w1, w2 still wait; c, d sent this period
 
 
-async def test_a_consumer_holding_a_batch_sweeps_only_if_the_queue_holds_no_more(
+async def test_an_idle_sweep_stops_between_sends_when_told(store: Any) -> None:
+    """A stop (SIGTERM, the Lambda's deadline) ends the sweep between sends: what it
+    claimed is sent, the rest is left for the next sweep."""
+    tasks, queue = TaskStore(store.db), LocalQueue(store.db)
+    for entity in range(1, 13):
+        assert await tasks.submit("steps", entity, f"k{entity}", "{}")
+        await _age(store.db, f"k{entity}", 3600)
+    stop = StopToken()
+
+    class StopAfterFirstBatch(LocalQueue):
+        async def send(self, bodies: Sequence[str], *, delay_s: float = 0.0) -> None:
+            await super().send(bodies, delay_s=delay_s)
+            stop.request("told to stop")
+
+    first = StopAfterFirstBatch(store.db)
+    assert await sweep_idle(tasks, first, {"steps": False}, after_s=60, stop=stop) == 10
+    assert len(await _queued(store)) == 10  # one batch of SEND_BATCH, then it stopped
+    sweep._SWEPT.clear()
+    again = await sweep_idle(tasks, queue, {"steps": False}, after_s=60)
+    assert again == 2 and sorted(await _queued(store))[-2:] == ["k8", "k9"]
+
+
+async def test_the_runtime_sweeps_only_its_own_queue_when_empty_and_not_paused(
     store: Any,
 ) -> None:
-    """The Lambda's case: it holds its batch (in flight) and does not know what else waits.
-    The queue is asked: with one message more than the batch, nothing is swept (a
-    backlog); holding only the batch, the lost task is sent again."""
+    """What the runtime adds: the queue asked when the caller holds a batch (the Lambda's
+    case: one message more than the batch is a backlog), the queue tasks are submitted to
+    only, and no job that is paused (its messages wait hidden, so the queue looks empty)."""
     tasks, queue = TaskStore(store.db), LocalQueue(store.db)
     assert await tasks.submit("steps", 5, "s1", "{}")
     await _age(store.db, "s1", 3600)
     await queue.send(['{"kind": "other"}', '{"kind": "other"}'])
-    jobs = {"steps": StepsTask()}
-    assert await resend_lost_tasks(store, queue, jobs, after_s=60, in_flight=1) == 0
-    resend._SWEPT.clear()
-    assert await resend_lost_tasks(store, queue, jobs, after_s=60, in_flight=2) == 1
+    runtime = Runtime(StepsTask(), store, None, queue, Settings.from_env({}))
+    assert await runtime.resend_lost_tasks(queue, in_flight=1) == 0  # a backlog
+    sweep._SWEPT.clear()
+    other = LocalQueue(store.db)
+    other.url = "local://another"
+    assert await runtime.resend_lost_tasks(other) == 0  # not where tasks are submitted
+    runtime.steering._rows = [Control("steps", "", True, "maintenance", 0, None)]
+    assert await runtime.resend_lost_tasks(queue, in_flight=2) == 0  # paused
+    runtime.steering._rows = []
+    assert await runtime.resend_lost_tasks(queue, in_flight=2) == 1
     assert (await _queued_kinds(store))[-1] == "s1"
 
 
@@ -295,9 +332,9 @@ async def test_an_idle_sweep_that_fails_is_logged(
     store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     await store.db.execute_sql("DROP TABLE batchrun_entity_task", ())
-    sweep = sweep_idle(TaskStore(store.db), LocalQueue(store.db), {"steps": True}, after_s=60)
-    assert await sweep == 0
-    assert "looking for lost steps tasks failed" in caplog.text
+    swept = sweep_idle(TaskStore(store.db), LocalQueue(store.db), {"steps": True}, after_s=60)
+    assert await swept == 0
+    assert "looking for lost tasks failed" in caplog.text
 
 
 def _written_not_sent(db_url: str, entity: int, key: str, data: str, age_s: float) -> None:
@@ -326,7 +363,7 @@ def test_a_worker_runs_a_lost_task_its_entitys_later_task_waits_behind(sqlite_ur
     assert submitted.returncode == 0, submitted.stderr
     served = run_cli("worker", "--idle-exit", "4", "--json", env=env, timeout=120)
     assert served.returncode == 0, served.stderr
-    assert "never started: its message is sent again" in served.stderr
+    assert "never started: its message is sent again" in served.stderr  # by k2's consumer
     assert [r[1] for r in effects(sqlite_url)] == ["k1", "k2"]
 
 
@@ -340,13 +377,14 @@ def test_a_lost_task_nothing_waits_behind_is_run_by_the_next_consumer(
     again and runs it; the summary counts it in ``requeued``."""
     env = {**migrate_task_jobs(sqlite_url), "BATCHRUN_TASK_RESEND_S": "1"}
     _written_not_sent(sqlite_url, 5, "k5", '{"seq": 1}', age_s=5)
-    args = ["worker", "--idle-exit", "3"] if command == "worker" else ["retry"]
+    # --idle-exit 0: a worker that sent something works it before it may call itself idle
+    args = ["worker", "--idle-exit", "0"] if command == "worker" else ["retry"]
     served = run_cli(*args, "--json", env=env, timeout=120)
     assert served.returncode == 0, served.stderr
     assert [r[1] for r in effects(sqlite_url)] == ["k5"]
     summary = json.loads(served.stdout)
     assert (summary["requeued"], summary["succeeded"]) == (1, 1), summary
-    assert "never started: its message is sent again" in served.stderr
+    assert "never started, and the queue is empty: its message is sent again" in served.stderr
 
 
 def _on_sqs(moto_server: MotoServer, url: str, db_url: str) -> dict[str, str]:
@@ -406,3 +444,4 @@ def test_on_sqs_fifo_a_lost_task_is_sent_outside_the_group_it_waits_in(
     served = run_cli("worker", "--idle-exit", "4", "--json", env=env, timeout=120)
     assert served.returncode == 0, served.stderr
     assert [r[1] for r in effects(mysql_url)] == ["k1", "k2"]
+    assert "never started: its message is sent again" in served.stderr  # by k2's consumer

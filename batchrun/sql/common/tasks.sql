@@ -66,20 +66,21 @@ WHERE t.state = 0 AND t.started_at IS NULL AND t.created_at < :cutoff
   AND (t.resent_at IS NULL OR t.resent_at < :cutoff)
   AND (f.last_end IS NULL OR f.last_end < :cutoff);
 
--- name: task_unstarted_oldest
--- Of the job's oldest :limit tasks no process ever started, those that look lost (as
--- task_claim_resend tells it): the sweep's candidates when nothing waits on the queue
--- (tasks/resend.py). Read through an index of unstarted pending tasks in id order
--- (MariaDB's (job, state) one; a partial one on PostgreSQL and SQLite), :limit at most.
-SELECT t.entity_id, t.task_key
+-- name: task_unstarted_slice
+-- The job's next :limit tasks no process ever started, after id :after in id order, each
+-- with whether it looks lost (as task_claim_resend tells it): the slice an empty queue's
+-- sweep reads (tasks/sweep.py). Read through an index of unstarted pending tasks in id
+-- order (MariaDB's (job, state) one; a partial one on PostgreSQL and SQLite).
+SELECT t.id, t.entity_id, t.task_key,
+  CASE WHEN t.created_at < :cutoff AND (t.resent_at IS NULL OR t.resent_at < :cutoff)
+    THEN 1 ELSE 0 END
 FROM (
   SELECT id FROM batchrun_entity_task
-  WHERE job = :job AND state = 0 AND started_at IS NULL
+  WHERE job = :job AND state = 0 AND started_at IS NULL AND id > :after
   ORDER BY id
   LIMIT :limit
-) oldest
-JOIN batchrun_entity_task t ON t.id = oldest.id
-WHERE t.created_at < :cutoff AND (t.resent_at IS NULL OR t.resent_at < :cutoff)
+) slice
+JOIN batchrun_entity_task t ON t.id = slice.id
 ORDER BY t.id;
 
 -- name: task_extend
