@@ -56,7 +56,9 @@ def prune_command(
 
     Both grow for ever otherwise: a row per run, worker and Lambda invocation (one per SQS
     batch), and one per task. Deleted 1,000 rows a statement, so a production database
-    holds no long lock. Kept: the runs going on, every task not ended (pending, running,
+    holds no long lock. Kept: the runs going on (a heartbeat within two leases, whatever
+    the cutoff), each job's newest run of each kind and outcome (so `status` and the
+    metrics still tell its last success), every task not ended (pending, running,
     failed and waiting for its retry), the ledger (which keeps an entity done once per
     period) and the suppression list. --json: {"runs", "tasks", "dry_run", "runs_before",
     "tasks_before"} (counts of rows; a cutoff is null for 'never').
@@ -72,6 +74,7 @@ def prune_command(
                 runs_before=runs_before,
                 tasks_before=tasks_before,
                 dry_run=dry_run,
+                lease_s=context.settings.lease_s,
             )
         if as_json:
             result = {

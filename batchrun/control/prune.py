@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchrun.db.base import Database
+from batchrun.db.base import Database, now_ms
 
 BATCH = 1000  # rows a statement
 
@@ -26,19 +26,29 @@ class Pruned:
 
 
 async def prune(
-    db: Database, *, runs_before: int | None, tasks_before: int | None, dry_run: bool = False
+    db: Database,
+    *,
+    runs_before: int | None,
+    tasks_before: int | None,
+    dry_run: bool = False,
+    lease_s: float = 60.0,
 ) -> Pruned:
     """Delete the run rows over before ``runs_before`` and the tasks ended before
-    ``tasks_before`` (epoch ms; None: none of them)."""
-    runs = 0 if runs_before is None else await _prune(db, "runs", runs_before, dry_run)
-    tasks = 0 if tasks_before is None else await _prune(db, "tasks", tasks_before, dry_run)
+    ``tasks_before`` (epoch ms; None: none of them). A run whose heartbeat is within
+    ``lease_s`` is alive, whatever the cutoff; each job's newest run of each kind and
+    outcome is kept."""
+    stale = {"stale": now_ms() - int(lease_s * 2000)}
+    runs = 0 if runs_before is None else await _prune(db, "runs", runs_before, dry_run, stale)
+    tasks = 0 if tasks_before is None else await _prune(db, "tasks", tasks_before, dry_run, {})
     return Pruned(runs, tasks)
 
 
-async def _prune(db: Database, what: str, before: int, dry_run: bool) -> int:
+async def _prune(db: Database, what: str, before: int, dry_run: bool, extra: dict[str, int]) -> int:
     deleted, after = 0, 0
     while True:
-        rows = await db.fetchall(f"prune_{what}_next", after=after, before=before, batch=BATCH)
+        rows = await db.fetchall(
+            f"prune_{what}_next", after=after, before=before, batch=BATCH, **extra
+        )
         ids = [int(r[0]) for r in rows]
         if not ids:
             return deleted

@@ -10,9 +10,10 @@ a twin. A paused job is left out by the caller (its messages wait on the queue, 
 so the queue looks empty).
 
 Each sweep of a job reads a slice of ``SLICE`` never-started tasks in id order, from
-where the previous one stopped (back to the start after the last), so a long run of
-tasks that only wait for their turn cannot hide a lost one behind it; at most every
-min(60, ``after_s`` / 5) s per process, queue and job. A stop (SIGTERM, the Lambda's
+where the same process's previous one stopped (back to the start after the last), so in
+a long-lived worker a long run of tasks that only wait for their turn cannot hide a lost
+one behind it (a new process starts from the oldest); at most every min(60,
+``after_s`` / 5) s per process, queue and job. A stop (SIGTERM, the Lambda's
 deadline) ends it between sends; its own failure is logged, never raised.
 """
 
@@ -56,14 +57,18 @@ async def sweep_idle(
     }
     for job in due:
         _SWEPT[(queue.url, job)] = clock
-    sent = 0
     try:
         if not due or (empty is not None and not await empty()):
             return 0
-        for job, serial in due.items():
-            sent += await _sweep(store, queue, job, serial, after_s, stop)
     except Exception as exc:  # a look-out: whatever else the caller does stands
         log.warning("looking for lost tasks failed: %s", exc)
+        return 0
+    sent = 0
+    for job, serial in due.items():
+        try:
+            sent += await _sweep(store, queue, job, serial, after_s, stop)
+        except Exception as exc:  # this job's look; the others' still go
+            log.warning("looking for lost %s tasks failed: %s", job, exc)
     return sent
 
 
@@ -85,16 +90,18 @@ async def _sweep(
         found = sorted(firsts.items())
     sent = 0
     claimed: list[tuple[int, str]] = []
-    for at, (entity, key) in enumerate(found, start=1):
-        if stop is not None and stop.stopping:
-            break
-        if await store.claim_resend(job, key, now, cutoff):
-            claimed.append((entity, key))
-        if claimed and (len(claimed) == SEND_BATCH or at == len(found)):
+    try:
+        for at, (entity, key) in enumerate(found, start=1):
+            if stop is not None and stop.stopping:
+                break
+            if await store.claim_resend(job, key, now, cutoff):
+                claimed.append((entity, key))
+            if claimed and (len(claimed) == SEND_BATCH or at == len(found)):
+                sent += await _send(store, queue, job, claimed, now)
+                claimed = []
+    finally:  # stopped, or a claim failed: what is claimed is sent (else held a period)
+        if claimed:
             sent += await _send(store, queue, job, claimed, now)
-            claimed = []
-    if claimed:  # stopped with some claimed: send them, or the claims would hold a period
-        sent += await _send(store, queue, job, claimed, now)
     return sent
 
 

@@ -80,7 +80,8 @@ async def test_old_history_and_ended_tasks_go_in_batches(
             ("old2", old, old + 5000, "failed"),
             ("crashed", old, None, "running"),  # no heartbeat since: over
             ("recent", recent, recent + 5000, "ok"),
-            ("old3", old, old + 5000, "stopped"),
+            ("old3", old, old + 5000, "failed"),  # the newest failure: kept, however old
+            ("live", recent, None, "running"),
         ],
     )
     await _tasks(
@@ -97,11 +98,13 @@ async def test_old_history_and_ended_tasks_go_in_batches(
     )
     cutoff = _now_ms() - 90 * DAY_MS
     counted = await pruning.prune(store.db, runs_before=cutoff, tasks_before=cutoff, dry_run=True)
-    assert (counted.runs, counted.tasks) == (4, 3)
-    assert len(await _hosts(store)) == 6  # a dry run deletes nothing
+    assert (counted.runs, counted.tasks) == (3, 3)
+    assert len(await _hosts(store)) == 7  # a dry run deletes nothing
     pruned = await pruning.prune(store.db, runs_before=cutoff, tasks_before=cutoff)
-    assert (pruned.runs, pruned.tasks) == (4, 3)
-    assert await _hosts(store) == ["old-live", "recent"]
+    assert (pruned.runs, pruned.tasks) == (3, 3)
+    assert await _hosts(store) == ["old-live", "recent", "old3", "live"]
+    everything = await pruning.prune(store.db, runs_before=_now_ms() + DAY_MS, tasks_before=None)
+    assert everything.runs == 0  # a cutoff in the future: the live ones and newest kept
     assert await _keys(store) == ["failed-old", "running-old", "pending", "done-recent"]
     again = await pruning.prune(store.db, runs_before=cutoff, tasks_before=None)
     assert (again.runs, again.tasks) == (0, 0)
@@ -120,12 +123,13 @@ async def test_a_pruned_key_submitted_again_runs_again(store: Any) -> None:
 def test_the_cli_counts_prunes_and_refuses_a_bad_age(db_url: str) -> None:
     env = migrate_task_jobs(db_url)
     old = _now_ms() - 100 * DAY_MS
-    query(
-        db_url,
-        "INSERT INTO batchrun_run (job, period, kind, host, pid, version, started_at,"
-        " heartbeat_at, ended_at, exit_code, outcome) VALUES"
-        f" ('steps', NULL, 'run', 'h', 1, 'v', {old}, {old}, {old}, 0, 'ok')",
-    )
+    for _ in range(2):  # the second, the job's newest success, is kept
+        query(
+            db_url,
+            "INSERT INTO batchrun_run (job, period, kind, host, pid, version, started_at,"
+            " heartbeat_at, ended_at, exit_code, outcome) VALUES"
+            f" ('steps', NULL, 'run', 'h', 1, 'v', {old}, {old}, {old}, 0, 'ok')",
+        )
     dry = run_cli("prune", "--dry-run", "--json", env=env)
     assert dry.returncode == 0, dry.stderr
     said = json.loads(dry.stdout)
@@ -136,6 +140,6 @@ def test_the_cli_counts_prunes_and_refuses_a_bad_age(db_url: str) -> None:
     done = run_cli("prune", "--runs", "30d", env=env)
     assert done.returncode == 0, done.stderr
     assert "deleted 1 run over before" in done.stdout, done.stdout
-    assert query(db_url, "SELECT COUNT(*) FROM batchrun_run")[0][0] == 0
+    assert query(db_url, "SELECT COUNT(*) FROM batchrun_run")[0][0] == 1
     bad = run_cli("prune", "--tasks", "soon", env=env)
     assert bad.returncode == 2 and "--tasks" in bad.stderr and "7d" in bad.stderr, bad.stderr

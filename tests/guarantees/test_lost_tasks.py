@@ -302,7 +302,7 @@ async def test_an_idle_sweep_stops_between_sends_when_told(store: Any) -> None:
     assert len(await _queued(store)) == 10  # one batch of SEND_BATCH, then it stopped
     sweep._SWEPT.clear()
     again = await sweep_idle(tasks, queue, {"steps": False}, after_s=60)
-    assert again == 2 and sorted(await _queued(store))[-2:] == ["k8", "k9"]
+    assert again == 2 and sorted(await _queued(store)) == sorted(f"k{e}" for e in range(1, 13))
 
 
 async def test_the_runtime_sweeps_only_its_own_queue_when_empty_and_not_paused(
@@ -334,7 +334,7 @@ async def test_an_idle_sweep_that_fails_is_logged(
     await store.db.execute_sql("DROP TABLE batchrun_entity_task", ())
     swept = sweep_idle(TaskStore(store.db), LocalQueue(store.db), {"steps": True}, after_s=60)
     assert await swept == 0
-    assert "looking for lost tasks failed" in caplog.text
+    assert "looking for lost steps tasks failed" in caplog.text
 
 
 def _written_not_sent(db_url: str, entity: int, key: str, data: str, age_s: float) -> None:
@@ -363,7 +363,8 @@ def test_a_worker_runs_a_lost_task_its_entitys_later_task_waits_behind(sqlite_ur
     assert submitted.returncode == 0, submitted.stderr
     served = run_cli("worker", "--idle-exit", "4", "--json", env=env, timeout=120)
     assert served.returncode == 0, served.stderr
-    assert "never started: its message is sent again" in served.stderr  # by k2's consumer
+    # by k2's consumer, or by the sweep of an empty queue when that comes first
+    assert "its message is sent again" in served.stderr
     assert [r[1] for r in effects(sqlite_url)] == ["k1", "k2"]
 
 
@@ -444,4 +445,5 @@ def test_on_sqs_fifo_a_lost_task_is_sent_outside_the_group_it_waits_in(
     served = run_cli("worker", "--idle-exit", "4", "--json", env=env, timeout=120)
     assert served.returncode == 0, served.stderr
     assert [r[1] for r in effects(mysql_url)] == ["k1", "k2"]
-    assert "never started: its message is sent again" in served.stderr  # by k2's consumer
+    # by k2's consumer, or by the sweep of an empty queue when that comes first
+    assert "its message is sent again" in served.stderr

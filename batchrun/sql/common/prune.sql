@@ -2,9 +2,12 @@
 -- The next :batch run rows over before :before (ended then, or crashed: no heartbeat
 -- since), after id :after in id order (control/prune.py deletes them by id). A running
 -- process's row is never among them.
+-- Each job's (and kind's) newest row of each outcome is kept, so `status` and the
+-- metrics' last-success time still say when it last ran, however long ago.
 SELECT id FROM batchrun_run
 WHERE id > :after AND COALESCE(ended_at, heartbeat_at) < :before
-  AND (outcome <> 'running' OR heartbeat_at < :before)
+  AND (outcome <> 'running' OR heartbeat_at < :stale)
+  AND id NOT IN (SELECT MAX(id) FROM batchrun_run GROUP BY job, kind, outcome)
 ORDER BY id
 LIMIT :batch;
 
@@ -20,5 +23,5 @@ ORDER BY id
 LIMIT :batch;
 
 -- name: prune_tasks_delete
--- Only what still ended before :before (a row is never started again once it ended).
+-- An ended task (succeeded or dead) never starts again.
 DELETE FROM batchrun_entity_task WHERE id IN :ids* AND state IN (2, 4);
