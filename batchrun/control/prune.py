@@ -46,11 +46,18 @@ async def prune(
 async def _prune(db: Database, what: str, before: int, dry_run: bool, extra: dict[str, int]) -> int:
     deleted, after = 0, 0
     while True:
-        rows = await db.fetchall(
-            f"prune_{what}_next", after=after, before=before, batch=BATCH, **extra
-        )
+        args = {"after": after, "before": before, "batch": BATCH, **extra}
+        if what == "runs":
+            rows = await db.fetchall("prune_runs_next", **args)
+        else:
+            rows = await db.fetchall("prune_tasks_next", **args)
         ids = [int(r[0]) for r in rows]
         if not ids:
             return deleted
-        deleted += len(ids) if dry_run else await db.execute(f"prune_{what}_delete", ids=ids)
+        if dry_run:
+            deleted += len(ids)
+        elif what == "runs":
+            deleted += await db.execute("prune_runs_delete", ids=ids)
+        else:
+            deleted += await db.execute("prune_tasks_delete", ids=ids)
         after = ids[-1]
