@@ -14,6 +14,7 @@ string. ``None`` prints as nothing.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import jinja2.meta
 import jinja2.nodes
 
 from batchrun.errors import JobError, TemplateError
+from batchrun.template_shapes import Shapes, shapes_of
 
 if TYPE_CHECKING:
     from batchrun.job import Job
@@ -64,7 +66,7 @@ class _Compiled:
 
 class _Loader(jinja2.FileSystemLoader):
     """Jinja2's file loader, keeping the first source it read of each template: the one
-    compiled (templates are compiled once), for ``Templates._constant`` to judge."""
+    compiled (templates are compiled once), for ``template_shapes`` to read."""
 
     def __init__(self, search: Sequence[Path]) -> None:
         super().__init__(search)
@@ -106,9 +108,8 @@ class Templates:
         )
         self._compiled: dict[str, _Compiled] = {}
         self._globals_keys: dict[jinja2.Template, frozenset[str]] = {}
-        # A part that is plain text (no tag, no expression: a fixed subject) renders the
-        # same for every message: rendered once, its text is kept here (None: not plain).
-        self._constants: dict[jinja2.Template, str | None] = {}
+        # Each part's skeletons by shape (None: the part renders the ordinary way).
+        self._shapes: dict[jinja2.Template, Shapes | None] = {}
 
     def load(self, name: str) -> None:
         """Compile ``name``'s parts and the templates they extend or include, now.
@@ -159,7 +160,38 @@ class Templates:
         return Rendered(subject=subject, text=text, html=html)
 
     def _render(self, template: jinja2.Template, namespace: dict[str, Any]) -> str:
-        """``template.render(namespace)`` without copying ``namespace`` into a new dict.
+        """``template.render(namespace)``: from the skeleton of its shape when it has one
+        (``template_shapes``: rendered once per shape, filled in per message), else
+        ``_render_each``."""
+        try:
+            shapes = self._shapes[template]
+        except KeyError:
+            shapes = self._shapes[template] = self._shapes_of(template)
+        if shapes is None:
+            return self._render_each(template, namespace)
+        return shapes.render(namespace)
+
+    def _shapes_of(self, template: jinja2.Template) -> Shapes | None:
+        """The shapes of ``template``, judged on the sources it and what it needs were
+        compiled from, as the loader kept them."""
+        loader = self._env.loader
+        if not isinstance(loader, _Loader):
+            return None
+
+        def source(name: str) -> str | None:
+            if name not in loader.sources:
+                self._env.get_template(name)  # compiled now, its source kept
+            return loader.sources.get(name)
+
+        try:
+            return shapes_of(
+                self._env, template, source, functools.partial(self._render_each, template)
+            )
+        except jinja2.TemplateError:
+            return None  # a template it needs is missing or broken: rendering says so
+
+    def _render_each(self, template: jinja2.Template, namespace: dict[str, Any]) -> str:
+        """One ordinary render of ``template``, without copying ``namespace`` into a new dict.
 
         The context is what ``template.new_context(namespace, shared=True)`` builds, but
         for the names of the template's globals: Jinja2 takes ``set(template.globals)``
@@ -167,35 +199,6 @@ class Templates:
         context; they do not change once the template is loaded, so the set is taken once
         per template (about a fifth of a part's render).
         """
-        try:
-            constant = self._constants[template]
-        except KeyError:
-            constant = self._constants[template] = self._constant(template)
-        if constant is not None:
-            return constant
-        return self._render_each(template, namespace)
-
-    def _constant(self, template: jinja2.Template) -> str | None:
-        """The text of a plain-text ``template`` (only template data: no tag or expression
-        that could make two renders differ), rendered once; None otherwise. Judged on the
-        source it was compiled from, as the loader kept it: no file is read again."""
-        loader = self._env.loader
-        source = loader.sources.get(template.name or "") if isinstance(loader, _Loader) else None
-        if source is None:
-            return None
-        try:
-            body = self._env.parse(source, template.name).body
-        except jinja2.TemplateError:
-            return None
-        plain = all(
-            isinstance(node, jinja2.nodes.Output)
-            and all(isinstance(child, jinja2.nodes.TemplateData) for child in node.nodes)
-            for node in body
-        )
-        return self._render_each(template, {}) if plain else None
-
-    def _render_each(self, template: jinja2.Template, namespace: dict[str, Any]) -> str:
-        """One render of ``template`` (see ``_render``)."""
         keys = self._globals_keys.get(template)
         if keys is None:
             keys = self._globals_keys[template] = frozenset(template.globals)

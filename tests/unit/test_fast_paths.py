@@ -10,7 +10,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from html import unescape
-from pathlib import Path
 
 import aiosmtplib
 import pytest
@@ -20,7 +19,6 @@ from batchrun.mail import Message, mime, smtp_transaction
 from batchrun.mail.deadline import Deadlines
 from batchrun.mail.smtp import SmtpMailer
 from batchrun.pipeline import gctune
-from batchrun.templates import Templates
 
 # -- SMTP PIPELINING (RFC 2920) ----------------------------------------------------------
 
@@ -227,62 +225,6 @@ async def test_data_opened_for_a_refused_recipient_closes_the_session(fake: Fake
         await mailer.close()
     assert fake.sessions == 2
     assert len(fake.messages) == 1 and b"<birthday.2025.2@example.com>" in fake.messages[0]
-
-
-# -- a plain-text template part rendered once --------------------------------------------
-
-PLAIN_PARTS = {
-    "ascii": "Happy birthday! A gift card for you\n",
-    "non-ascii": "Joyeux anniversaire, Zoë 🎂 — ✓\n",
-    "long-lines": "word " * 400 + "\n" + "x" * 3000 + "\n",
-    "leading-dots": ".leading dot\n..two\n.\n{# a comment prints nothing #}last\n",
-}
-
-
-def _templates(tmp_path: Path, subject: str, text: str) -> Templates:
-    folder = tmp_path / "job"
-    (folder / "mail").mkdir(parents=True, exist_ok=True)
-    (folder / "mail" / "subject.txt").write_text(subject, encoding="utf-8")
-    (folder / "mail" / "body.txt").write_text(text, encoding="utf-8")
-    return Templates([folder])
-
-
-@pytest.mark.parametrize("name", list(PLAIN_PARTS))
-def test_a_plain_part_renders_as_the_general_path_does(tmp_path: Path, name: str) -> None:
-    source = PLAIN_PARTS[name]
-    fast = _templates(tmp_path, source, source)
-    general = _templates(tmp_path, source, source)
-    general._constant = lambda template: None  # type: ignore[method-assign]
-    for first_name in ("Grace", "Zoë"):
-        got = fast.render("mail", {"first_name": first_name})
-        assert got == general.render("mail", {"first_name": first_name})
-    assert any(text is not None for text in fast._constants.values())
-    assert all(text is None for text in general._constants.values())
-
-
-@pytest.mark.parametrize(
-    "subject",
-    [
-        "Happy birthday, {{ first_name }}\n",
-        "{% if first_name %}Hi {{ first_name }}{% else %}Hello{% endif %}\n",
-        "{{ range(10) | random }}\n",
-        "{% set x = first_name %}{{ x }}\n",
-    ],
-)
-def test_a_part_with_any_tag_or_expression_renders_per_message(
-    tmp_path: Path, subject: str
-) -> None:
-    templates = _templates(tmp_path, subject, "text\n")
-    rendered = [templates.render("mail", {"first_name": n}).subject for n in ("Ann", "Bo")]
-    assert all(text is None for text in templates._constants.values() if text != "text\n")
-    if "random" not in subject:
-        assert rendered[0] != rendered[1]
-
-
-def test_a_plain_subject_is_still_one_line(tmp_path: Path) -> None:
-    templates = _templates(tmp_path, "  Happy\n  birthday \n", "text\n")
-    assert templates.render("mail", {}).subject == "Happy birthday"
-    assert templates.render("mail", {}).subject == "Happy birthday"
 
 
 # -- the collector's threshold while entities travel ------------------------------------
