@@ -273,18 +273,25 @@ async def test_mysql_escaping_matches_the_drivers_own(mysql_url: str) -> None:
             "naïve ☃",
             1.5,
             datetime.date(2025, 6, 1),
+            "".join(map(chr, range(1, 256))),  # every character pymysql escapes, and more
         )
-        # mogrify: the very statement execute() sends, built by each cursor's own escaping.
-        async with conn.cursor(aiomysql.Cursor) as plain:
-            theirs = [plain.mogrify("%s", (value,)) for value in values]
-            whole = plain.mogrify(", ".join(["%s"] * len(values)), values)
-        async with conn.cursor(QuietCursor) as cur:
-            mine = [cur.mogrify("%s", (value,)) for value in values]
-            assert mine == theirs
-            assert cur.mogrify(", ".join(["%s"] * len(values)), values) == whole
-            assert mine[0] == "0" and mine[3] == theirs[3]
-            await cur.execute("SELECT " + ", ".join(["%s"] * len(values)), values)
-            row = await cur.fetchone()
-        assert row[0] == 0 and row[2] == 2**63 - 1 and row[7] == 'it\'s "quoted" \\ and ;--'
+        # mogrify: the very statement execute() sends, built by each cursor's own escaping;
+        # then again with NO_BACKSLASH_ESCAPES, where a quote is doubled instead.
+        for sql_mode in ("", ", 'NO_BACKSLASH_ESCAPES'"):
+            async with conn.cursor() as setup:
+                await setup.execute(f"SET SESSION sql_mode = CONCAT_WS(',', @@sql_mode{sql_mode})")
+            async with conn.cursor(aiomysql.Cursor) as plain:
+                theirs = [plain.mogrify("%s", (value,)) for value in values]
+                whole = plain.mogrify(", ".join(["%s"] * len(values)), values)
+            async with conn.cursor(QuietCursor) as cur:
+                mine = [cur.mogrify("%s", (value,)) for value in values]
+                assert mine == theirs
+                assert cur.mogrify(", ".join(["%s"] * len(values)), values) == whole
+                assert mine[0] == "0" and mine[3] == theirs[3]
+                await cur.execute("SELECT " + ", ".join(["%s"] * len(values)), values)
+                row = await cur.fetchone()
+            assert row[0] == 0 and row[2] == 2**63 - 1 and row[7] == 'it\'s "quoted" \\ and ;--'
+            assert row[-1] == "".join(map(chr, range(1, 256)))
+        assert "''" in mine[7]  # the second round did run without backslash escapes
     finally:
         conn.close()
