@@ -52,6 +52,7 @@ def clean_text(value: str, limit: int | None = None) -> str:
     return cleaned.strip()
 
 
+@functools.lru_cache(maxsize=4096)  # each address is checked by prepare, process and send
 def valid_address(addr: str) -> bool:
     """Return whether ``addr`` passes a plain syntax check for a deliverable address.
 
