@@ -55,6 +55,7 @@ class BugStreak:
         self.proven = False  # an entity succeeded (since the last bug failure)
         self._signature: Signature | None = None
         self._changed: asyncio.Condition | None = None
+        self._waiting = 0  # admits waiting on _changed: done() wakes them, if any
         self.tripped: str | None = None  # the one line saying what the bug is, once tripped
 
     def _open(self) -> bool:
@@ -65,8 +66,12 @@ class BugStreak:
         if self.tripped is None and not self._open():
             if self._changed is None:
                 self._changed = asyncio.Condition()
-            async with self._changed:
-                await self._changed.wait_for(lambda: self.tripped is not None or self._open())
+            self._waiting += 1
+            try:
+                async with self._changed:
+                    await self._changed.wait_for(lambda: self.tripped is not None or self._open())
+            finally:
+                self._waiting -= 1
         if self.tripped is not None:
             return False
         self.in_flight += 1
@@ -75,7 +80,7 @@ class BugStreak:
     async def done(self) -> None:
         """One admitted attempt has its outcome (counted by ``success`` or ``failure``)."""
         self.in_flight -= 1
-        if self._changed is not None:
+        if self._changed is not None and self._waiting:
             async with self._changed:
                 self._changed.notify_all()
 
