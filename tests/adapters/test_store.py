@@ -273,6 +273,12 @@ async def test_mysql_escaping_matches_the_drivers_own(mysql_url: str) -> None:
             "naïve ☃",
             1.5,
             datetime.date(2025, 6, 1),
+            # Repeats, escaped once per statement; values equal to 1 of other types.
+            "plain",
+            1,
+            1.0,
+            True,
+            -7,
             "".join(map(chr, range(1, 256))),  # every character pymysql escapes, and more
         )
         # mogrify: the very statement execute() sends, built by each cursor's own escaping;
