@@ -177,6 +177,10 @@ async def _handle(
             summaries = [
                 await _run(runtime, name, period, options, dry_run) for name, period in runs
             ]
+            if kind == "schedule" and backends.queue is not None and not stop.stopping:
+                # A lost task nothing waits behind is found on an empty queue only; where
+                # an SQS trigger is all that runs, a quiet queue would wait for a message.
+                await runtime.resend_lost_tasks(backends.queue, in_flight=0)
         metrics: dict[str, float] = {}
         for summary in summaries:
             for key, value in summary_metrics(summary).items():

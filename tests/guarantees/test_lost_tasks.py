@@ -15,10 +15,11 @@ import pytest
 from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
 from support.cli import run_cli
 from support.db import query
-from support.lambda_context import drain_as_sqs_events
+from support.lambda_context import FakeContext, drain_as_sqs_events
 from support.tasks import JOBS, RefusingQueue, StepsTask, effects, migrate_task_jobs
 
 import batchrun
+from batchrun import aws_lambda
 from batchrun.control.steering import Control
 from batchrun.db import connect
 from batchrun.db.base import Database
@@ -413,6 +414,27 @@ def test_the_sqs_triggered_lambda_sends_a_lost_task_once_the_queue_holds_only_it
         client.submit("steps", 10, data={"seq": 1}, key="k8")
     drain_as_sqs_events(aws_client(moto_server), url, env, seconds=60)
     assert sorted(r[1] for r in effects(mysql_url)) == ["k7", "k8"]
+
+
+def test_a_scheduled_lambda_invocation_sends_a_lost_task_on_an_empty_queue(
+    moto_server: MotoServer, mysql_url: str
+) -> None:
+    """Where only SQS triggers the Lambda, a lost task that nothing waits behind would wait
+    for a message that may never come; the scheduled invocation sweeps after its runs.
+    Without it the queue stays empty and k7 never runs."""
+    moto_server.reset()
+    url, _ = make_queue_with_dlq(moto_server, visibility_s=30)
+    env = _on_sqs(moto_server, url, mysql_url)
+    _written_not_sent(mysql_url, 9, "k7", '{"seq": 1}', age_s=5)
+    event = {
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "time": "2025-06-01T06:00:00Z",
+    }
+    result = aws_lambda.handle(event, FakeContext(60), environ=env)
+    assert (result["job"], result["period"]) == ("birthday", "2025-06"), result
+    drain_as_sqs_events(aws_client(moto_server), url, env, seconds=60)
+    assert [r[1] for r in effects(mysql_url)] == ["k7"]
 
 
 def test_the_cli_resubmission_of_a_lost_task_says_it_was_sent_again(sqlite_url: str) -> None:
