@@ -83,6 +83,13 @@ class Consumer:
             self._lost_tasks = LostTaskSweep(store, self.w.queue, after_s=after_s)
         return self._lost_tasks
 
+    def take_resent(self) -> int:
+        """Lost tasks its look-out sent again since the last call (a drain's ``requeued``)."""
+        if self._lost_tasks is None:
+            return 0
+        sent, self._lost_tasks.sent = self._lost_tasks.sent, 0
+        return sent
+
     async def process(
         self, items: Sequence[Received], options: Options
     ) -> tuple[dict[str, Disposition], bool, int]:

@@ -45,6 +45,7 @@ async def work_batch(
         with contextlib.suppress(asyncio.CancelledError):
             await keepalive
     result.lost_claims += lost
+    result.requeued += consumer.take_resent()  # lost tasks its messages waited behind
     for item in items:
         count(result, dispositions[item.message_id])
     await settle_messages(queue, items, dispositions)

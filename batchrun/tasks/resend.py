@@ -74,6 +74,7 @@ class LostTaskSweep:
         self.queue = queue
         self.after_s = after_s
         self.every_s = min(60.0, after_s / 5)
+        self.sent = 0  # messages sent again, for the consumer's ``requeued``
 
     async def behind(self, job: str, entities: Iterable[int], present: set[str]) -> int:
         """Note the entities whose messages wait, and look at those noted so far if it is
@@ -110,6 +111,7 @@ class LostTaskSweep:
                 sent += 1
         except Exception as exc:  # a look-out: the batch's outcomes stand
             log.warning("looking for lost %s tasks failed: %s", job, exc)
+        self.sent += sent
         return sent
 
 

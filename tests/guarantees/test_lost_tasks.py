@@ -159,6 +159,7 @@ async def test_what_a_failed_or_dead_task_holds_up(store: Any) -> None:
     sweep = LostTaskSweep(tasks, queue, after_s=60)
     assert await sweep.behind("steps", [5, 6], present=set()) == 1
     assert await _queued(store) == ["d2"]
+    assert sweep.sent == 1  # the consumer adds it to its drain's requeued
 
 
 async def test_a_task_of_a_job_run_in_parallel_is_lost_whatever_is_before_it(
@@ -364,8 +365,10 @@ def test_a_worker_runs_a_lost_task_its_entitys_later_task_waits_behind(sqlite_ur
     assert submitted.returncode == 0, submitted.stderr
     served = run_cli("worker", "--idle-exit", "4", "--json", env=env, timeout=120)
     assert served.returncode == 0, served.stderr
-    # by k2's consumer, or by the sweep of an empty queue when that comes first
+    # by k2's consumer, or by the sweep of an empty queue when that comes first; either
+    # counts in requeued, once
     assert "its message is sent again" in served.stderr
+    assert json.loads(served.stdout)["requeued"] == 1
     assert [r[1] for r in effects(sqlite_url)] == ["k1", "k2"]
 
 

@@ -171,6 +171,9 @@ async def test_a_batch_is_worked_settled_and_counted() -> None:
                 1,
             )
 
+        def take_resent(self) -> int:
+            return 2  # lost tasks its look-out sent again while it worked the batch
+
     class BatchQueue:
         def __init__(self) -> None:
             self.calls: list[str] = []
@@ -194,6 +197,7 @@ async def test_a_batch_is_worked_settled_and_counted() -> None:
     )
     assert broken is True
     assert (result.succeeded, result.processed, result.lost_claims) == (1, 2, 1)
+    assert result.requeued == 2
     assert queue.calls == ["later b", "delete a"]
 
 
