@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
 from batchrun.db.base import Database, Row, now_ms
-from batchrun.db.store import Scope
 
 Kind = Literal["run", "retry", "worker", "lambda", "events"]
 Outcome = Literal["ok", "retrying", "failed", "stopped", "cancelled", "crashed", "running"]
@@ -202,13 +201,6 @@ class History:
         """Each job's newest run that is over (ended or crashed)."""
         rows = await self.db.fetchall("runs_last_per_job", stale=self._stale())
         return {str(r.job): r for r in map(RunRow.of, rows)}
-
-    async def note_claimed(self, run_id: int, scope: Scope, ids: list[int], me: str) -> None:
-        """Record on the ledger that run ``run_id`` claimed ``ids`` (the rows ``me`` owns)."""
-        if ids:
-            await self.db.execute(
-                "ledger_run", run=run_id, job=scope.job, once=scope.once, ids=ids, me=me
-            )
 
     async def stale_claims(self, *, job: str, period: str) -> int:
         """Entities of the period claimed by a run that stopped or died, not finished."""

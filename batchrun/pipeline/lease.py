@@ -168,7 +168,6 @@ class Lease(Fence):
         mine = [u for u, c in claims.items() if c.owner == self.me and c.state not in FINAL_STATES]
         held.update(mine)
         self._scopes.add(scope)
-        await self.store.note_run(scope, mine, self.me)
         return claims
 
     def let_go(self, scope: Scope, ids: Iterable[int]) -> None:

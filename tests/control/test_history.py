@@ -131,6 +131,35 @@ async def test_a_run_records_its_run_on_the_ledger(
     assert row.counts is not None and row.counts["emails_sent"] == summary.emails_sent > 0
 
 
+async def test_a_run_that_takes_over_expired_claims_records_itself_on_them(
+    db_url: str, make_job: Callable[..., Any], store: Store
+) -> None:
+    """The rows a dead run (999) claimed and left are taken over with the new run's id,
+    in the same statement that takes them (``claim_expired``)."""
+    await seed(store, 120)
+    rt: Runtime = await make_job(db_url)
+    await rt.run(JUNE)  # every row claimed and finished, without a history row (NULL)
+    scope = birthday_scope()
+    query(
+        db_url,
+        "UPDATE batchrun_ledger SET state = 0, owner = 'dead', lease_until = 0, run_id = 999"
+        " WHERE job = %s AND once_key = %s",
+        scope.job,
+        scope.once,
+    )
+    async with RunRecord(rt, kind="run", job="birthday", period="2025-06") as record:
+        summary = await rt.run(JUNE)
+        await record.end(summary.exit_code, summary.to_json())
+    assert summary.eligible > 0 and summary.lost_claims == 0
+    rows = query(
+        db_url,
+        "SELECT DISTINCT run_id FROM batchrun_ledger WHERE job = %s AND once_key = %s",
+        scope.job,
+        scope.once,
+    )
+    assert rows == [(record.run_id,)]
+
+
 @pytest.mark.parametrize("paused_period", [None, "2025-06"])
 async def test_a_run_started_while_paused_claims_nothing(
     db_url: str, make_job: Callable[..., Any], store: Store, paused_period: str | None

@@ -23,7 +23,6 @@ class FakeStore:
     def __init__(self) -> None:
         self.owner: dict[int, str | None] = {}
         self.state: dict[int, int] = {}
-        self.noted: list[list[int]] = []
         self.released: list[list[int]] = []
         self.fail_heartbeat = False
         self.heartbeats = 0
@@ -37,9 +36,6 @@ class FakeStore:
                 self.owner[uid] = me
             out[uid] = Claim(uid, self.state.get(uid, 0), self.owner.get(uid), 10_000)
         return out
-
-    async def note_run(self, scope: Scope, ids: Sequence[int], me: str) -> None:
-        self.noted.append(list(ids))
 
     async def release(self, scope: Scope, *, ids: Sequence[int], me: str) -> None:
         self.released.append(list(ids))
@@ -73,7 +69,6 @@ async def test_a_claim_holds_what_this_run_owns_and_nothing_else() -> None:
         3: None,
         4: lease.me,
     }
-    assert store.noted == [[1, 4]], "the run is noted on the rows it claimed"
     assert lease.holding() and list(lease.held_scopes()) == [SCOPE]
     lease.let_go(SCOPE, [1])
     assert lease.holding()

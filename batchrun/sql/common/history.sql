@@ -88,12 +88,6 @@ WHERE r.id IN (
   GROUP BY job
 );
 
--- name: ledger_run
--- The run that claimed these entities (`batchrun why` shows it): set after the claim,
--- on the rows this lease owns.
-UPDATE batchrun_ledger SET run_id = :run
-WHERE job = :job AND once_key = :once AND entity_id IN :ids AND owner = :me;
-
 -- name: ledger_stale_claims
 -- Entities claimed but not finished whose run is gone: released by a stopped run (owner
 -- NULL) or left by a dead one (lease expired). The rest of state 0 is claimed by a live run.

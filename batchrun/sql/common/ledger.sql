@@ -11,7 +11,9 @@ WHERE job = :job AND once_key = :once AND entity_id IN :ids;
 -- name: claim_expired
 -- Takes over claims whose owner died (lease expired) or let go. The WHERE is re-checked
 -- on the locked row (InnoDB) or under the one writer (SQLite), so two runs never both win.
-UPDATE batchrun_ledger SET owner = :me, lease_until = :until, updated_at = :now
+-- run_id: the run taking them over (`batchrun why`), when it has a history row.
+UPDATE batchrun_ledger
+SET owner = :me, lease_until = :until, updated_at = :now, run_id = COALESCE(:run, run_id)
 WHERE job = :job AND once_key = :once AND entity_id IN :ids
   AND state IN (0, 3) AND (owner IS NULL OR lease_until < :now);
 

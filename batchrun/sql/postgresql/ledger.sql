@@ -2,7 +2,8 @@
 -- ON CONFLICT DO NOTHING on the ledger's primary key: a row another run inserted first
 -- stays its.
 INSERT INTO batchrun_ledger
-  (job, once_key, entity_id, period, state, attempts, owner, lease_until, queued, updated_at)
+  (job, once_key, entity_id, period, state, attempts, owner, lease_until, queued, updated_at,
+   run_id)
 VALUES :rows
 ON CONFLICT DO NOTHING;
 
