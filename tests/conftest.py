@@ -32,11 +32,19 @@ from batchrun.db import Store, connect
 from batchrun.jobs.birthday import Birthday
 from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.queue.base import from_url as queue_from_url
-from batchrun.runtime import Runtime
+from batchrun.runtime import Runtime, resources
 from batchrun.settings import Settings
 
 # support.checks holds asserts: rewritten like a test module's (it is imported later).
 pytest.register_assert_rewrite("support.checks")
+
+
+@pytest.fixture(autouse=True)
+def _schema_unchecked() -> Iterator[None]:
+    """Each test starts with no schema found migrated in this process (a warm Lambda's
+    memory, ``runtime/resources.py``): a test that changes its schema is checked anew."""
+    resources._schema_checked.clear()
+    yield
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,26 @@ from batchrun.queue.base import check_url as check_queue_url
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.settings import Settings
 from batchrun.urls import scheme_of
+
+# A schema found migrated, by (database URL, jobs): when, on the monotonic clock. A warm
+# Lambda opens the database for every SQS batch, and the check is some 70 statements (33
+# ms on loopback); migrations only add, so what held a moment ago still holds. Checked
+# again after SCHEMA_CHECKED_S, and by every new process.
+SCHEMA_CHECKED_S = 300.0
+_schema_checked: dict[tuple[str, tuple[str, ...]], float] = {}
+
+
+def schema_checked_lately(url: str, jobs: Sequence[Job], now: float | None = None) -> bool:
+    """Whether this process found ``jobs``' schema migrated on ``url`` in the last
+    ``SCHEMA_CHECKED_S`` seconds."""
+    at = _schema_checked.get((url, tuple(sorted(job.name for job in jobs))))
+    now = time.monotonic() if now is None else now
+    return at is not None and now - at < SCHEMA_CHECKED_S
+
+
+def note_schema_checked(url: str, jobs: Sequence[Job], now: float | None = None) -> None:
+    key = (url, tuple(sorted(job.name for job in jobs)))
+    _schema_checked[key] = time.monotonic() if now is None else now
 
 
 @dataclass
@@ -110,8 +131,9 @@ async def open_backends(
     retry_queue: WorkQueue | None = None
     try:
         store = Store(database)
-        if migrated:
+        if migrated and not schema_checked_lately(settings.db_url, jobs):
             await store.check_migrated(jobs)
+            note_schema_checked(settings.db_url, jobs)
         if queue:
             retry_queue = await open_queue(
                 settings, settings.retry_queue_url, store, concurrency=concurrency

@@ -25,6 +25,7 @@ from batchrun.db import Store, connect
 from batchrun.errors import BatchrunError
 from batchrun.jobs.birthday import Birthday
 from batchrun.mail.base import valid_address
+from batchrun.runtime import resources
 
 
 def load_event(name: str, **replace: object) -> dict[str, Any]:
@@ -113,6 +114,29 @@ def test_on_demand_dry_run_touches_nothing(
     assert result["cards_created"] == result["emails_sent"] == 0
     assert card_counts(mysql_url, 2025) == {}
     assert smtp_server.messages == []
+
+
+def test_a_warm_function_checks_the_schema_once_in_a_while(
+    mysql_url: str, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm Lambda opens the database for every event: the schema check (some 70
+    statements) runs on the first, then again once SCHEMA_CHECKED_S has passed."""
+    prepare(mysql_url, 200, seed=33)
+    checks: list[str] = []
+    real = Store.check_migrated
+
+    async def counted(self: Store, jobs: Any = ()) -> None:
+        checks.append(self.db.url)
+        await real(self, jobs)
+
+    monkeypatch.setattr(Store, "check_migrated", counted)
+    event = load_event("on_demand_dry_run.json")
+    for _ in range(3):
+        assert aws_lambda.handle(event, FakeContext(60), environ=environ)["dry_run"] is True
+    assert len(checks) == 1
+    monkeypatch.setattr(resources, "SCHEMA_CHECKED_S", 0.0)
+    aws_lambda.handle(event, FakeContext(60), environ=environ)
+    assert len(checks) == 2
 
 
 def test_deadline_hands_off_and_sqs_invocations_complete_the_month(
