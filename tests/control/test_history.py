@@ -108,23 +108,32 @@ async def test_control_rows_pause_resume_cancel(store: Store) -> None:
     done()
 
 
-async def test_a_run_records_its_run_on_the_ledger(
-    db_url: str, make_job: Callable[..., Any], store: Store
-) -> None:
-    await seed(store, 300)
-    rt: Runtime = await make_job(db_url)
+async def _recorded_run(rt: Runtime) -> tuple[RunRecord, Any]:
+    """A June run with its history row, as ``batchrun birthday`` makes one."""
     async with RunRecord(rt, kind="run", job="birthday", period="2025-06") as record:
         summary = await rt.run(JUNE)
         await record.end(summary.exit_code, summary.to_json())
-    assert record.run_id is not None
+    return record, summary
+
+
+def _ledger_run_ids(db_url: str) -> list[tuple[Any, ...]]:
     scope = birthday_scope()
-    rows = query(
+    return query(
         db_url,
         "SELECT DISTINCT run_id FROM batchrun_ledger WHERE job = %s AND once_key = %s",
         scope.job,
         scope.once,
     )
-    assert rows == [(record.run_id,)]
+
+
+async def test_a_run_records_its_run_on_the_ledger(
+    db_url: str, make_job: Callable[..., Any], store: Store
+) -> None:
+    await seed(store, 300)
+    rt: Runtime = await make_job(db_url)
+    record, summary = await _recorded_run(rt)
+    assert record.run_id is not None
+    assert _ledger_run_ids(db_url) == [(record.run_id,)]
     history = History(rt.store.db, lease_s=60)
     row = await history.get(record.run_id)
     assert row is not None and row.outcome == "ok" and row.exit_code == 0
@@ -147,17 +156,9 @@ async def test_a_run_that_takes_over_expired_claims_records_itself_on_them(
         scope.job,
         scope.once,
     )
-    async with RunRecord(rt, kind="run", job="birthday", period="2025-06") as record:
-        summary = await rt.run(JUNE)
-        await record.end(summary.exit_code, summary.to_json())
+    record, summary = await _recorded_run(rt)
     assert summary.eligible > 0 and summary.lost_claims == 0
-    rows = query(
-        db_url,
-        "SELECT DISTINCT run_id FROM batchrun_ledger WHERE job = %s AND once_key = %s",
-        scope.job,
-        scope.once,
-    )
-    assert rows == [(record.run_id,)]
+    assert _ledger_run_ids(db_url) == [(record.run_id,)]
 
 
 @pytest.mark.parametrize("paused_period", [None, "2025-06"])
