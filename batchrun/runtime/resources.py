@@ -29,17 +29,19 @@ SCHEMA_CHECKED_S = 300.0
 _schema_checked: dict[tuple[str, tuple[str, ...]], float] = {}
 
 
-def schema_checked_lately(url: str, jobs: Sequence[Job], now: float | None = None) -> bool:
+def _schema_key(url: str, jobs: Sequence[Job]) -> tuple[str, tuple[str, ...]]:
+    return url, tuple(sorted(job.name for job in jobs))
+
+
+def schema_checked_lately(url: str, jobs: Sequence[Job]) -> bool:
     """Whether this process found ``jobs``' schema migrated on ``url`` in the last
     ``SCHEMA_CHECKED_S`` seconds."""
-    at = _schema_checked.get((url, tuple(sorted(job.name for job in jobs))))
-    now = time.monotonic() if now is None else now
-    return at is not None and now - at < SCHEMA_CHECKED_S
+    at = _schema_checked.get(_schema_key(url, jobs))
+    return at is not None and time.monotonic() - at < SCHEMA_CHECKED_S
 
 
-def note_schema_checked(url: str, jobs: Sequence[Job], now: float | None = None) -> None:
-    key = (url, tuple(sorted(job.name for job in jobs)))
-    _schema_checked[key] = time.monotonic() if now is None else now
+def note_schema_checked(url: str, jobs: Sequence[Job]) -> None:
+    _schema_checked[_schema_key(url, jobs)] = time.monotonic()
 
 
 @dataclass
