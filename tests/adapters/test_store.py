@@ -280,6 +280,8 @@ async def test_mysql_escaping_matches_the_drivers_own(mysql_url: str) -> None:
             True,
             -7,
             "".join(map(chr, range(1, 256))),  # every character pymysql escapes, and more
+            *map(chr, range(256)),  # each alone: a text with one character to escape, or none
+            "addr\0ess",
         )
         # mogrify: the very statement execute() sends, built by each cursor's own escaping;
         # then again with NO_BACKSLASH_ESCAPES, where a quote is doubled instead.
@@ -297,7 +299,8 @@ async def test_mysql_escaping_matches_the_drivers_own(mysql_url: str) -> None:
                 await cur.execute("SELECT " + ", ".join(["%s"] * len(values)), values)
                 row = await cur.fetchone()
             assert row[0] == 0 and row[2] == 2**63 - 1 and row[7] == 'it\'s "quoted" \\ and ;--'
-            assert row[-1] == "".join(map(chr, range(1, 256)))
+            assert row[16] == "".join(map(chr, range(1, 256)))
+            assert list(row[17:-1]) == list(map(chr, range(256))) and row[-1] == "addr\0ess"
         assert "''" in mine[7]  # the second round did run without backslash escapes
     finally:
         conn.close()
