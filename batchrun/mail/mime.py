@@ -8,7 +8,6 @@ import binascii
 import re
 
 MAX_LINE = 998  # RFC 5322's longest line: a text with a longer one cannot go as 7bit
-_BLOCK = (MAX_LINE + 1) // 2  # 499: a line of MAX_LINE + 1 covers a whole aligned block
 
 
 def text_body(text: str) -> tuple[str, bytes]:
@@ -29,20 +28,21 @@ def text_body(text: str) -> tuple[str, bytes]:
 def _long_line(text: str) -> bool:
     """Whether a line of ``text`` is longer than ``MAX_LINE``.
 
-    A line of 999 characters or more covers at least one whole block of ``_BLOCK`` (499)
-    characters starting at a multiple of 499 (a run of 2k - 1 characters always covers
-    one whole aligned block of k). So when every such block holds a line break, which a
-    few ``find`` calls tell without copying, no line is too long; only a text with a
-    block free of line breaks is split to measure its lines.
+    From each line start it looks for the last line break within the next ``MAX_LINE + 1``
+    characters (one C-level ``rfind``): none means the line there is too long; otherwise
+    every line that starts before that break is short, and the search goes on after it.
+    A few searches for a text of a few kB, without copying it.
     """
-    if len(text) <= MAX_LINE:
-        return False
-    find = text.find
-    if all(
-        find("\n", start, start + _BLOCK) >= 0 for start in range(0, len(text) - _BLOCK + 1, _BLOCK)
-    ):
-        return False
-    return max(map(len, text.split("\n"))) > MAX_LINE
+    rfind = text.rfind
+    start = 0
+    rest = len(text)
+    while rest > MAX_LINE:
+        end = rfind("\n", start, start + MAX_LINE + 1)
+        if end < 0:
+            return True
+        rest -= end + 1 - start
+        start = end + 1
+    return False
 
 
 # What a character reference would not carry through an HTML reader: an element whose text

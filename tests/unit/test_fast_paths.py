@@ -253,7 +253,7 @@ def test_the_collector_threshold_is_raised_while_travelling_and_restored_after()
         gc.set_threshold(*before)
 
 
-# -- the 7bit check: long lines found by blocks, CRLF made on bytes ----------------------
+# -- the 7bit check: long lines found by searching back, CRLF made on bytes ---------------
 
 
 def _long_line_by_split(text: str) -> bool:
