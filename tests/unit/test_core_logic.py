@@ -147,6 +147,7 @@ def test_code_uses_secrets_not_random() -> None:
 
 def test_code_display_grouping() -> None:
     assert codes.display("ABCDEFGHJKMNPQRS") == "ABCD-EFGH-JKMN-PQRS"
+    assert codes.display("ABCDEFGHJK") == "ABCD-EFGH-JK"  # any other length, grouped alike
     code = codes.new_code()
     shown = codes.display(code)
     assert re.fullmatch(r"[0-9A-Z]{4}(-[0-9A-Z]{4}){3}", shown)
