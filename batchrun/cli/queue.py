@@ -15,6 +15,7 @@ from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.output import ASKED, table
 from batchrun.control.runrecord import RunRecord
 from batchrun.pipeline import engine
+from batchrun.queue.base import WorkQueue
 from batchrun.runtime import Options, RetrySummary
 from batchrun.runtime.resources import open_backends, open_queue
 
@@ -182,7 +183,8 @@ def retry(
     busy, no attempt). At its end it sends again, and works, the submitted tasks whose
     message was lost (never started BATCHRUN_TASK_RESEND_S after their submission;
     counted requeued). On an error, one `error:` line (and with --json the summary, its
-    counts at 0, with an "error" key), exit 1.
+    counts at 0 but remaining, the messages still queued (null if the queue cannot tell),
+    with an "error" key), exit 1.
     """
     context: Invocation = ctx.obj
     settings = context.settings
@@ -193,6 +195,7 @@ def retry(
         registry = context.registry
         stop = engine.StopToken()
         uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
+        remaining: int | None = None  # the queue's depth, when the drain ends on an error
         try:
             async with open_backends(
                 settings,
@@ -206,13 +209,18 @@ def retry(
                     options = Options(
                         concurrency=concurrency, rate=pace, on_progress=record.progress()
                     )
-                    result = await runtime.retry(options, max_messages=max_messages)
+                    try:
+                        result = await runtime.retry(options, max_messages=max_messages)
+                    except Exception:
+                        remaining = await _depth(backends.queue)
+                        raise
                     code = 130 if stop.stopping else result.exit_code
                     await record.end(code, result.to_json(), stopped=stop.reason)
         except Exception as exc:
             if as_json:  # the drain ended on an error: still its whole summary (the line follows)
-                ended = RetrySummary(duration_s=time.monotonic() - began)
-                print(json.dumps({**ended.to_json(), "error": error_text(context, exc)}))
+                ended = RetrySummary(duration_s=time.monotonic() - began).to_json()
+                ended["remaining"] = remaining
+                print(json.dumps({**ended, "error": error_text(context, exc)}))
             raise
         finally:
             uninstall()
@@ -231,6 +239,18 @@ def retry(
         return code
 
     run_command(ctx, go)
+
+
+async def _depth(queue: WorkQueue | None) -> int | None:
+    """The messages on the queue, for the summary of a drain that ended on an error; None
+    when the queue cannot tell (it may be what failed)."""
+    if queue is None:
+        return None
+    try:
+        depth, _ = await queue.depths()
+    except Exception:
+        return None
+    return depth
 
 
 def _say_unknown(result: RetrySummary) -> int:

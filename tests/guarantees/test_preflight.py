@@ -244,11 +244,24 @@ def test_every_command_that_sends_checks_the_mailer_first(mysql_url: str) -> Non
     assert one_error_line(result) == expected
     assert PASSWORD not in result.output
     assert effects(mysql_url) == (0, 0, 2)
-    # --json: the drain's whole summary, its counts at 0, and the error
+    # --json: the drain's whole summary, its counts at 0, the messages still queued (the
+    # two continuations), and the error
     drained = json.loads(result.stdout)
     assert drained["error"] == expected, drained
-    keys = ("processed", "succeeded", "skipped", "failed", "dead_lettered", "remaining")
+    keys = ("processed", "succeeded", "skipped", "failed", "dead_lettered")
     assert [drained[k] for k in keys] == [0] * len(keys), drained
+    assert drained["remaining"] == 2, drained
+    # A queue that cannot be read cannot say how many wait: null, not a made-up 0.
+    dead_queue = f"http://127.0.0.1:{free_port()}/123456789012/batchrun-retry"
+    aws = {
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    result = invoke("retry", "--json", env={**env, **aws, "BATCHRUN_RETRY_QUEUE": dead_queue})
+    assert result.exit_code == 1
+    unknown = json.loads(result.stdout)
+    assert unknown["remaining"] is None and "SQS queue" in unknown["error"], unknown
 
 
 def test_the_period_a_run_handed_on_is_done_by_retry(
