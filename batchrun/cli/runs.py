@@ -141,7 +141,7 @@ async def overview(context: Invocation) -> dict[str, Any]:
         history = History(backends.store.db, lease_s=settings.lease_s)
         last = await history.last_per_job()
         running = await history.running()
-        served = {name: await history.runs_serving(name, limit=20) for name in tasks}
+        last_served = {name: await history.last_serving(name) for name in tasks}
         controls = await Controls(backends.store.db).rows()
         assert backends.queue is not None
         depth, dead = await backends.queue.depths()
@@ -149,8 +149,8 @@ async def overview(context: Invocation) -> dict[str, Any]:
     for name in [*names, *sorted(set(last) - set(names))]:
         held = [c for c in controls if c.job == name and c.paused]
         ended, now = last.get(name), [r for r in running if r.job == name]
-        if name in served:
-            ended = next((r for r in served[name] if r.outcome != "running"), ended)
+        if name in last_served:
+            ended = last_served[name]  # its own runs are among those serving it
             now = [r for r in running if r.job == name or (r.job is None and r.kind in SERVING)]
         jobs[name] = {
             "last_run": ended.to_json() if ended is not None else None,

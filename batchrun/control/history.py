@@ -188,6 +188,12 @@ class History:
         params["stale"] = self._stale()
         return [RunRow.of(r) for r in await self.db.fetchall("runs_serving_job", **params)]
 
+    async def last_serving(self, job: str) -> RunRow | None:
+        """A task job's newest run that is over (ended or crashed): its own, or one of
+        those serving every job (``SERVING``)."""
+        row = await self.db.fetchone("run_last_serving_job", job=job, stale=self._stale())
+        return RunRow.of(row) if row is not None else None
+
     async def get(self, run_id: int) -> RunRow | None:
         """One row by id."""
         row = await self.db.fetchone("run_get", id=run_id, stale=self._stale())

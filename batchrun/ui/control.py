@@ -53,8 +53,7 @@ async def runs_now(rt: Runtime, job: Job) -> tuple[dict[str, Any] | None, list[d
     workers and Lambda invocations that serve every job)."""
     history = _history(rt)
     if is_task(job):
-        over = [r for r in await _serving(rt, job, SHOWN_RUNS) if r.outcome != "running"]
-        last = over[0] if over else None
+        last = await history.last_serving(job.name)
     else:
         last = (await history.last_per_job()).get(job.name)
     running = [row_view(rt, r) for r in await history.running() if _of(r, job)]

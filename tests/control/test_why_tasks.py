@@ -78,6 +78,23 @@ def test_a_task_entitys_story(db_url: str) -> None:
     assert credited[("task succeeded", "key t1")] == worker_run, again
     assert credited[("task failed", "key t3")] == worker_run, again
 
+    # More workers alive than a page of runs holds: the last run that is over is still
+    # the second worker's (it read null once the newest 20 rows were all running).
+    query(
+        db_url,
+        "INSERT INTO batchrun_run (job, period, kind, host, pid, version, started_at,"
+        " heartbeat_at, ended_at, exit_code, outcome) VALUES "
+        + ", ".join(f"(NULL, NULL, 'worker', 'live', {n}, 'v', 0, 4000000000000, NULL, NULL,"
+                    " 'running')" for n in range(25)),
+    )  # fmt: skip
+    second = query(db_url, "SELECT id FROM batchrun_run WHERE host = 'h2'")[0][0]
+    crowded = json.loads(run_cli("status", "--json", env=env).stdout)["jobs"]["flaky"]
+    assert crowded["last_run"]["id"] == second and len(crowded["running"]) == 25, crowded
+    with serve(env) as base:
+        index = _get(f"{base}/")
+    flaky_row = index.split('href="/jobs/flaky"')[1].split("</tr>")[0]
+    assert f'href="/runs/{second}"' in flaky_row, flaky_row
+
     lines = run_cli("why", "flaky", "5", env=env)
     assert "flaky entity 5: a task unfinished, task state failed" in lines.stdout, lines.stdout
     none = json.loads(run_cli("why", "flaky", "6", "--json", env=env).stdout)

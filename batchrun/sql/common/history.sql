@@ -60,6 +60,19 @@ WHERE (job = :job OR (job IS NULL AND kind IN ('worker', 'lambda', 'retry')))
 ORDER BY id DESC
 LIMIT :limit;
 
+-- name: run_last_serving_job
+-- A task job's newest run that is over (ended, or crashed): its own, or one serving every
+-- job's messages; however many run now.
+SELECT id, job, period, kind, host, pid, version, started_at, heartbeat_at, ended_at,
+  exit_code,
+  CASE WHEN outcome = 'running' THEN 'crashed' ELSE outcome END,
+  counts, error
+FROM batchrun_run
+WHERE (job = :job OR (job IS NULL AND kind IN ('worker', 'lambda', 'retry')))
+  AND (outcome <> 'running' OR heartbeat_at < :stale)
+ORDER BY id DESC
+LIMIT 1;
+
 -- name: run_get
 SELECT id, job, period, kind, host, pid, version, started_at, heartbeat_at, ended_at,
   exit_code,
