@@ -99,8 +99,9 @@ class EntityWorker:
             finally:
                 if self.bugs is not None:
                     await self.bugs.done()
-        # The ledger counts attempts: the run's first one, then one per retry.
-        outcome = self.policy.settle(outcome, item.attempts, at_once=self.at_once)
+        if outcome is not SUCCEEDED:  # the policy decides failures; a success stays one
+            # The ledger counts attempts: the run's first one, then one per retry.
+            outcome = self.policy.settle(outcome, item.attempts, at_once=self.at_once)
         if self.on_outcome is not None:
             self.on_outcome(item, outcome)
         await self.applier.record(item, outcome)
