@@ -110,7 +110,18 @@ class Context:
     or a Message-ID. Outside ``process`` it is empty.
     """
 
-    __slots__ = ("_effects", "db", "dry_run", "env", "id", "job", "key", "once", "period")
+    __slots__ = (
+        "_effects",
+        "_key_prefix",
+        "db",
+        "dry_run",
+        "env",
+        "id",
+        "job",
+        "key",
+        "once",
+        "period",
+    )
 
     def __init__(
         self,
@@ -131,15 +142,16 @@ class Context:
         self.key = ""
         self.id: int | None = None
         self._effects = effects
+        self._key_prefix = f"{job.name}:{self.once}:"  # each entity's key but its id
 
     def entity(self, entity_id: int) -> Context:
         """The context of one entity: the same run, with ``key`` and ``id`` set."""
         child = Context.__new__(Context)
         child.job, child.period, child.once = self.job, self.period, self.once
         child.db, child.dry_run, child._effects = self.db, self.dry_run, self._effects
-        child.env = self.env
+        child.env, child._key_prefix = self.env, self._key_prefix
         child.id = entity_id
-        child.key = f"{self.job.name}:{self.once}:{entity_id}"
+        child.key = f"{self._key_prefix}{entity_id}"
         return child
 
     def sql(self, name: str) -> str:
