@@ -189,16 +189,22 @@ class Sender:
     ) -> Message:
         """The email ``send_email`` would send (``batchrun preview`` shows it)."""
         headers: tuple[tuple[str, str], ...] = ()
+        url = None
         if self.signer is not None:
             url = self.signer.url(ctx.job.name, to)
             headers = unsubscribe.headers(url)
-            variables = {"unsubscribe_url": url, **variables}
         if template is not None:
             if self.templates is None:
                 raise LookupError(f"job {ctx.job.name!r} has no templates")
-            # send_year: the footer's copyright year is the year the email goes out.
-            variables = {**self.defaults, "send_year": time.gmtime().tm_year, **variables}
-            rendered = self.templates.render(template, variables)
+            # The templates' own variables, under the job's; one copy. send_year: the
+            # footer's copyright year is the year the email goes out.
+            ours = self.defaults
+            year = time.gmtime().tm_year
+            if url is None:
+                namespace = {**ours, "send_year": year, **variables}
+            else:
+                namespace = {**ours, "send_year": year, "unsubscribe_url": url, **variables}
+            rendered = self.templates.render(template, namespace)
             subject = subject if subject is not None else rendered.subject
             text = text if text is not None else rendered.text
             html = html if html is not None else rendered.html
