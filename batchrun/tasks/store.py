@@ -4,11 +4,14 @@ whose turn it is per entity (``batchrun_entity_turn``), a lease held while a tas
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
 from batchrun.db.base import Database, now_ms
+
+TURNS_A_STATEMENT = 500  # entities whose turn rows one statement adds
 
 
 class TaskState(IntEnum):
@@ -42,7 +45,20 @@ class TaskStore:
 
     async def submit(self, job: str, entity_id: int, key: str, data: str) -> bool:
         """Record a submission; False when its key was already submitted (nothing changes)."""
-        await self.db.execute("turn_insert", job=job, entity_id=entity_id)
+        await self.add_turns(job, [entity_id])
+        return await self.add(job, entity_id, key, data)
+
+    async def add_turns(self, job: str, entities: Sequence[int]) -> None:
+        """The turn rows of ``entities`` (their tasks' order), where there are none yet."""
+        for start in range(0, len(entities), TURNS_A_STATEMENT):
+            rows = [
+                (job, entity, None, 0) for entity in entities[start : start + TURNS_A_STATEMENT]
+            ]
+            await self.db.execute("turn_insert", rows=rows)
+
+    async def add(self, job: str, entity_id: int, key: str, data: str) -> bool:
+        """The submission's row, once its entity's turn row is there (``add_turns``);
+        False when its key was already submitted (nothing changes)."""
         added = await self.db.execute(
             "task_insert", job=job, key=key, entity_id=entity_id, data=data, now=now_ms()
         )

@@ -1,8 +1,9 @@
-"""Queue one submitted task: checked, recorded once per (job, key), then sent."""
+"""Queue submitted tasks: checked, recorded once per (job, key), then sent."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from batchrun.db.base import Database
@@ -13,6 +14,8 @@ from batchrun.tasks.resend import resend_if_lost
 from batchrun.tasks.store import TaskStore
 
 log = logging.getLogger(__name__)
+
+SEND_BATCH = 10  # messages a queue call (SQS's SendMessageBatch takes ten)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,30 +65,80 @@ async def submit(
     QueueError), so a resubmission of the same key queues it: a row left without its
     message would never run, and would hold up the entity's later tasks behind it. Only a
     crash between the two, or a database that fails the withdrawal too, leaves one."""
-    entity, text, task_key = checked(entity_id, data, key)
+    [done] = await submit_many(
+        db, queue, job, [(entity_id, data, key)], resend_after_s=resend_after_s
+    )
+    return done
+
+
+async def submit_many(
+    db: Database,
+    queue: WorkQueue,
+    job: Task,
+    tasks: Sequence[tuple[object, object, object]],
+    *,
+    resend_after_s: float,
+) -> list[Submitted]:
+    """``submit`` for many tasks of one job, each ``(entity_id, data, key)``: what each
+    became, in order. One statement a task and one queue call per ``SEND_BATCH`` tasks,
+    where ``submit`` one by one makes two statements and a queue call each.
+
+    All are checked before anything is written (BadTask). The rows are written first, then
+    the messages, in submission order. On an error (a key submitted before for another
+    entity: BadTask; a queue that does not take a message: QueueError) the rows whose
+    message was not sent are taken back, and the error is raised: submitting the same
+    tasks again then queues what was not, and is a no-op for what was (their keys must
+    be given for that)."""
+    items = [checked(*task) for task in tasks]
     store = TaskStore(db)
-    added = await store.submit(job.name, entity, task_key, text)
-    if not added:
-        row = await store.get(job.name, task_key)
-        if row is not None and row.entity_id != entity:
-            raise BadTask(f"task key {task_key!r} was submitted for entity {row.entity_id}")
-        resent = row is not None and await resend_if_lost(
-            store,
-            queue,
-            job.name,
-            entity,
-            task_key,
-            after_s=resend_after_s,
-            serial=job.serial == "entity",
-        )
-        return Submitted(job.name, entity, task_key, queued=resent, resent=resent)
-    message = QueueMessage("entity_task", job.name, "", entity_id=entity, key=task_key)
+    await store.add_turns(job.name, list(dict.fromkeys(entity for entity, _, _ in items)))
+    done: list[Submitted] = []
+    unsent: list[Submitted] = []  # recorded here, their messages not yet sent
     try:
-        await queue.send([message.to_json()])
+        for entity, text, task_key in items:
+            if await store.add(job.name, entity, task_key, text):
+                done.append(Submitted(job.name, entity, task_key, queued=True))
+                unsent.append(done[-1])
+            else:
+                done.append(await _known(store, queue, job, entity, task_key, resend_after_s))
+        while unsent:
+            batch = unsent[:SEND_BATCH]
+            messages = [
+                QueueMessage("entity_task", job.name, "", entity_id=t.entity_id, key=t.key)
+                for t in batch
+            ]
+            await queue.send([message.to_json() for message in messages])
+            del unsent[: len(batch)]
     except BaseException:
-        try:
-            await store.withdraw(job.name, task_key)
-        except Exception as exc:  # the send's error is the one to report
-            log.error("task %r of job %r recorded but not queued: %s", task_key, job.name, exc)
+        await _withdraw(store, job.name, [t.key for t in unsent])
         raise
-    return Submitted(job.name, entity, task_key, queued=True)
+    return done
+
+
+async def _known(
+    store: TaskStore, queue: WorkQueue, job: Task, entity: int, key: str, resend_after_s: float
+) -> Submitted:
+    """A key submitted before: a no-op, unless its message looks lost (sent again)."""
+    row = await store.get(job.name, key)
+    if row is not None and row.entity_id != entity:
+        raise BadTask(f"task key {key!r} was submitted for entity {row.entity_id}")
+    resent = row is not None and await resend_if_lost(
+        store,
+        queue,
+        job.name,
+        entity,
+        key,
+        after_s=resend_after_s,
+        serial=job.serial == "entity",
+    )
+    return Submitted(job.name, entity, key, queued=resent, resent=resent)
+
+
+async def _withdraw(store: TaskStore, job: str, keys: list[str]) -> None:
+    """Take back the submissions whose message was not sent; the error that stopped the
+    sending is the one to report, so a failure here is only logged."""
+    for key in keys:
+        try:
+            await store.withdraw(job, key)
+        except Exception as exc:
+            log.error("task %r of job %r recorded but not queued: %s", key, job, exc)

@@ -11,5 +11,6 @@ DELETE FROM batchrun_entity_task
 WHERE job = :job AND task_key = :key AND state = 0 AND attempts = 0;
 
 -- name: turn_insert
+-- The turn rows of a submission's entities, where there are none yet.
 INSERT IGNORE INTO batchrun_entity_turn (job, entity_id, owner, lease_until)
-VALUES (:job, :entity_id, NULL, 0);
+VALUES :rows;

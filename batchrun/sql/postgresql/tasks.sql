@@ -11,6 +11,7 @@ DELETE FROM batchrun_entity_task
 WHERE job = :job AND task_key = :key AND state = 0 AND attempts = 0;
 
 -- name: turn_insert
+-- The turn rows of a submission's entities, where there are none yet.
 INSERT INTO batchrun_entity_turn (job, entity_id, owner, lease_until)
-VALUES (:job, :entity_id, NULL, 0)
+VALUES :rows
 ON CONFLICT (job, entity_id) DO NOTHING;

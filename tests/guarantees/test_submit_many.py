@@ -1,0 +1,130 @@
+"""``submit_many``: many tasks of one job in one statement each and a queue call per ten;
+each key still once, in submission order per entity, and on an error the tasks whose
+message was not sent taken back, so that submitting the same tasks again finishes the job.
+On SQLite, MariaDB and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any, cast
+
+import pytest
+from support.cli import run_cli
+from support.tasks import JOBS, RefusingQueue, StepsTask, effects, migrate_task_jobs
+
+import batchrun
+from batchrun.errors import QueueError
+from batchrun.queue.base import WorkQueue
+from batchrun.queue.local import LocalQueue
+from batchrun.tasks import BadTask
+from batchrun.tasks.store import TaskStore
+from batchrun.tasks.submit import SEND_BATCH, submit_many
+
+
+class CountingQueue:
+    """The store's own queue, counting the sends; ``refuse_from``: the send of that
+    number (1-based) and the later ones fail as an unreachable queue's do."""
+
+    def __init__(self, queue: WorkQueue, refuse_from: int | None = None) -> None:
+        self.queue = queue
+        self.refuse_from = refuse_from
+        self.sends: list[list[str]] = []
+
+    async def send(self, bodies: list[str], *, delay_s: float = 0.0) -> None:
+        if self.refuse_from is not None and len(self.sends) + 1 >= self.refuse_from:
+            await RefusingQueue().send(bodies)
+        self.sends.append(list(bodies))
+        await self.queue.send(bodies, delay_s=delay_s)
+
+
+def _keys(sends: list[list[str]]) -> list[str]:
+    return [str(json.loads(body)["key"]) for batch in sends for body in batch]
+
+
+def test_many_tasks_run_once_each_in_submission_order(db_url: str) -> None:
+    env = migrate_task_jobs(db_url)
+    with batchrun.connect(db=db_url, jobs=JOBS, env={}) as client:
+        before = client.submit("steps", 3, data={"seq": 0}, key="e3-0")
+        tasks: list[Any] = [(uid, {"seq": n}, f"e{uid}-{n}") for n in range(5) for uid in (1, 2, 3)]
+        tasks += [(1, {"seq": 9}, "e1-0"), (4, None)]  # a repeat in the batch; a keyless one
+        done = client.submit_many("steps", tasks)
+        with pytest.raises(BadTask, match="JSON object"):
+            client.submit_many("steps", [(5, {"seq": 1}, "ok"), (5, [1], "bad")])
+        with pytest.raises(BadTask, match=r"\(entity_id, data\)"):
+            client.submit_many("steps", [(5,)])  # type: ignore[list-item]
+        with pytest.raises(BadTask, match="unknown job"):
+            client.submit_many("nope", [(5, None)])
+    assert before == "e3-0"
+    assert [d.key for d in done[:-1]] == [t[2] for t in tasks[:-1]]  # in order, keys kept
+    queued = [d.queued for d in done]
+    assert queued == [t[2] != "e3-0" for t in tasks[:-2]] + [False, True], queued
+    assert done[-1].entity_id == 4 and len(done[-1].key) == 32  # a key made for it
+    pending = json.loads(run_cli("status", "steps", "--json", env=env).stdout)["pending"]
+    assert pending == 16  # 15 of the batch and the one before it; nothing of the bad ones
+    served = run_cli("worker", "--idle-exit", "1", "--json", env=env, timeout=120)
+    assert served.returncode == 0, served.stderr
+    ran = effects(db_url)
+    assert sorted(r[1] for r in ran) == sorted({*(t[2] for t in tasks[:-1]), done[-1].key})
+    order: dict[int, list[int]] = defaultdict(list)
+    for entity, _key, seq, _start, _end in sorted(ran, key=lambda r: r[3]):
+        order[int(entity)].append(int(seq))
+    assert order[1] == order[2] == order[3] == [0, 1, 2, 3, 4], dict(order)
+
+
+async def test_a_queue_call_per_ten_and_a_statement_per_task(store: Any) -> None:
+    queue = CountingQueue(LocalQueue(store.db))
+    names: list[str] = []
+    execute = store.db.execute
+
+    async def counted(name: str, **params: Any) -> int:
+        names.append(name)
+        return cast(int, await execute(name, **params))
+
+    store.db.execute = counted
+    tasks: list[tuple[object, object, object]] = [(n % 7 + 1, {"n": n}, f"k{n}") for n in range(25)]
+    try:
+        done = await submit_many(
+            store.db, cast(WorkQueue, queue), StepsTask(), tasks, resend_after_s=300
+        )
+    finally:
+        store.db.execute = execute
+    assert all(d.queued for d in done) and [len(s) for s in queue.sends] == [10, 10, 5]
+    assert _keys(queue.sends) == [f"k{n}" for n in range(25)]
+    # A row per task and the seven entities' turn rows at once; the rest is the table
+    # queue's own statement per call.
+    assert (names.count("task_insert"), names.count("turn_insert")) == (25, 1)
+    assert len(names) == 26 + len(queue.sends), names
+    assert SEND_BATCH == 10
+
+
+async def test_a_failed_send_takes_back_only_the_unsent(store: Any) -> None:
+    """The second queue call fails: the ten sent stay, the other fifteen are taken back;
+    the same tasks submitted again queue those fifteen and leave the ten as they were."""
+    tasks: list[tuple[object, object, object]] = [(n % 3 + 1, {"n": n}, f"k{n}") for n in range(25)]
+    failing = CountingQueue(LocalQueue(store.db), refuse_from=2)
+    with pytest.raises(QueueError, match="refused"):
+        await submit_many(
+            store.db, cast(WorkQueue, failing), StepsTask(), tasks, resend_after_s=300
+        )
+    rows = TaskStore(store.db)
+    kept = [n for n in range(25) if await rows.get("steps", f"k{n}") is not None]
+    assert kept == list(range(10)) and _keys(failing.sends) == [f"k{n}" for n in range(10)]
+    again = CountingQueue(LocalQueue(store.db))
+    done = await submit_many(
+        store.db, cast(WorkQueue, again), StepsTask(), tasks, resend_after_s=300
+    )
+    assert [d.queued for d in done] == [False] * 10 + [True] * 15
+    assert _keys(again.sends) == [f"k{n}" for n in range(10, 25)]
+
+
+async def test_a_key_of_another_entity_queues_none_of_the_batch(store: Any) -> None:
+    queue = CountingQueue(LocalQueue(store.db))
+    steps = StepsTask()
+    await submit_many(store.db, cast(WorkQueue, queue), steps, [(1, None, "x")], resend_after_s=300)
+    batch: list[tuple[object, object, object]] = [(2, None, "a"), (3, None, "x"), (2, None, "b")]
+    with pytest.raises(BadTask, match="submitted for entity 1"):
+        await submit_many(store.db, cast(WorkQueue, queue), steps, batch, resend_after_s=300)
+    rows = TaskStore(store.db)
+    assert await rows.get("steps", "a") is None and await rows.get("steps", "b") is None
+    assert _keys(queue.sends) == ["x"]  # the first call's; nothing of the refused batch
