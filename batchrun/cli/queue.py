@@ -183,8 +183,8 @@ def retry(
     busy, no attempt). At its end it sends again, and works, the submitted tasks whose
     message was lost (never started BATCHRUN_TASK_RESEND_S after their submission;
     counted requeued). On an error, one `error:` line (and with --json the summary, its
-    counts at 0 but remaining, the messages still queued (null if the queue cannot tell),
-    with an "error" key), exit 1.
+    counts at 0 but remaining, the messages still queued (null when the queue was not
+    opened or cannot tell), with an "error" key), exit 1.
     """
     context: Invocation = ctx.obj
     settings = context.settings
@@ -204,18 +204,18 @@ def retry(
                 concurrency=concurrency,
                 jobs=[e.job for e in registry.values()],
             ) as backends:
-                runtime = context.runtime(backends, stop)
-                async with RunRecord(runtime, kind="retry") as record:
-                    options = Options(
-                        concurrency=concurrency, rate=pace, on_progress=record.progress()
-                    )
-                    try:
+                try:
+                    runtime = context.runtime(backends, stop)
+                    async with RunRecord(runtime, kind="retry") as record:
+                        options = Options(
+                            concurrency=concurrency, rate=pace, on_progress=record.progress()
+                        )
                         result = await runtime.retry(options, max_messages=max_messages)
-                    except Exception:
-                        remaining = await _depth(backends.queue)
-                        raise
-                    code = 130 if stop.stopping else result.exit_code
-                    await record.end(code, result.to_json(), stopped=stop.reason)
+                        code = 130 if stop.stopping else result.exit_code
+                        await record.end(code, result.to_json(), stopped=stop.reason)
+                except Exception:
+                    remaining = await _depth(backends.queue)
+                    raise
         except Exception as exc:
             if as_json:  # the drain ended on an error: still its whole summary (the line follows)
                 ended = RetrySummary(duration_s=time.monotonic() - began).to_json()
@@ -242,8 +242,8 @@ def retry(
 
 
 async def _depth(queue: WorkQueue | None) -> int | None:
-    """The messages on the queue, for the summary of a drain that ended on an error; None
-    when the queue cannot tell (it may be what failed)."""
+    """The messages on the queue, for the summary of a drain that ended on an error once
+    the queue was open; None when the queue cannot tell (it may be what failed)."""
     if queue is None:
         return None
     try:
