@@ -95,9 +95,9 @@ class Client:
         submitted before). One statement a task and one queue call per ten, where
         ``submit`` makes two statements and a queue call each.
 
-        Raises ``BadTask`` before anything is queued when any task is bad. On a
-        ``QueueError`` (or a key submitted before for another entity) the tasks not yet
-        sent are taken back: submitting the same tasks again queues those and is a no-op
+        Raises ``BadTask`` before anything is queued when any task is bad, or its key was
+        given for another entity. On a ``QueueError`` the tasks whose message was not
+        queued are taken back: submitting the same tasks again queues those and is a no-op
         for the rest, when each has its key."""
         return self._call(self._submit_many(job, list(tasks))).result()
 

@@ -120,7 +120,13 @@ class PermanentMailError(MailError):
 
 
 class QueueError(BatchrunError):
-    """The retry queue failed or cannot be reached."""
+    """The retry queue failed or cannot be reached.
+
+    ``unsent``, from a send: the positions of the messages it did not queue, when the
+    queue can tell (the others were queued); None when it cannot (take none as queued).
+    """
+
+    unsent: tuple[int, ...] | None = None
 
 
 class TemplateError(ConfigError):

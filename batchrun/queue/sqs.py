@@ -225,17 +225,23 @@ class SqsQueue(SqsDeadLetters):
         """Send every entry; resend those a batch reports Failed; raise if any never made it."""
         pending = entries
         failures: dict[str, dict[str, Any]] = {}
+        sent: set[str] = set()  # the ids SQS said it queued
         for attempt in range(SEND_ATTEMPTS):
             if attempt:
                 await asyncio.sleep(SEND_BACKOFF_S * 2 ** (attempt - 1))
             failures = {}
             for batch in batches(pending):
-                with self._mapped("send to", queue_url):
-                    # A copy: event handlers may rewrite the request's list in place.
-                    response = await self._client.send_message_batch(
-                        QueueUrl=queue_url, Entries=list(batch)
-                    )
+                try:
+                    with self._mapped("send to", queue_url):
+                        # A copy: event handlers may rewrite the request's list in place.
+                        response = await self._client.send_message_batch(
+                            QueueUrl=queue_url, Entries=list(batch)
+                        )
+                except QueueError as exc:
+                    exc.unsent = _unsent(entries, sent)  # earlier calls' entries did go
+                    raise
                 ok = {item["Id"] for item in response.get("Successful", [])}
+                sent |= ok
                 reported = {item["Id"]: item for item in response.get("Failed", [])}
                 for entry in batch:
                     if entry["Id"] not in ok:
@@ -253,12 +259,14 @@ class SqsQueue(SqsDeadLetters):
             pending = retryable
         if failures:
             first = next(iter(failures.values()))
-            raise QueueError(
+            error = QueueError(
                 self._mask(
                     f"SQS {mask_url(queue_url)}: {len(failures)} of {len(entries)} messages "
                     f"not queued ({first.get('Code')}: {first.get('Message', '')})"
                 )
             )
+            error.unsent = _unsent(entries, sent)
+            raise error
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -369,6 +377,11 @@ class SqsQueue(SqsDeadLetters):
 
     def _mask(self, text: str) -> str:
         return masked(text, self._env)
+
+
+def _unsent(entries: list[dict[str, Any]], sent: set[str]) -> tuple[int, ...]:
+    """The positions of the entries SQS did not say it queued."""
+    return tuple(i for i, entry in enumerate(entries) if entry["Id"] not in sent)
 
 
 __all__ = ["MAX_DELAY_S", "SqsQueue", "delay_seconds"]

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from batchrun.db.base import Database
+from batchrun.errors import QueueError
 from batchrun.job import Job
 from batchrun.queue.base import QueueMessage, WorkQueue
 from batchrun.task import BadTask, Task, checked
@@ -16,6 +17,7 @@ from batchrun.tasks.store import TaskStore
 log = logging.getLogger(__name__)
 
 SEND_BATCH = 10  # messages a queue call (SQS's SendMessageBatch takes ten)
+KEYS_A_LOOKUP = 500  # keys one statement looks up
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +85,51 @@ async def submit_many(
     became, in order. One statement a task and one queue call per ``SEND_BATCH`` tasks,
     where ``submit`` one by one makes two statements and a queue call each.
 
-    All are checked before anything is written (BadTask). The rows are written first, then
-    the messages, in submission order. On an error (a key submitted before for another
-    entity: BadTask; a queue that does not take a message: QueueError) the rows whose
-    message was not sent are taken back, and the error is raised: submitting the same
-    tasks again then queues what was not, and is a no-op for what was (their keys must
-    be given for that)."""
+    All are checked before anything is written (BadTask), a key given for another entity
+    before (or twice in the list, for two) included. Then ``SEND_BATCH`` at a time, in
+    submission order: their rows, then their messages in one queue call. On an error the
+    rows of that call whose message the queue did not take are taken back (all of them,
+    unless the queue tells which it took: ``QueueError.unsent``) and the error is raised;
+    what earlier calls queued stays queued. Submitting the same tasks again then queues
+    what was not, and is a no-op for what was (their keys must be given for that)."""
     items = [checked(*task) for task in tasks]
     store = TaskStore(db)
+    if len(items) > 1:  # one task is checked by its own insert, as it always was
+        await _refuse_other_entities(store, job.name, items)
     await store.add_turns(job.name, list(dict.fromkeys(entity for entity, _, _ in items)))
+    done: list[Submitted] = []
+    for start in range(0, len(items), SEND_BATCH):
+        done += await _submit_batch(
+            store, queue, job, items[start : start + SEND_BATCH], resend_after_s
+        )
+    return done
+
+
+async def _refuse_other_entities(
+    store: TaskStore, job: str, items: list[tuple[int, str, str]]
+) -> None:
+    """BadTask for a key given for two entities in ``items``, or submitted before for
+    another entity: before anything is written or sent."""
+    entity_of: dict[str, int] = {}
+    for entity, _, key in items:
+        if entity_of.setdefault(key, entity) != entity:
+            raise BadTask(f"task key {key!r} is given for entities {entity_of[key]} and {entity}")
+    keys = list(entity_of)
+    for start in range(0, len(keys), KEYS_A_LOOKUP):
+        found = await store.get_many(job, keys[start : start + KEYS_A_LOOKUP])
+        for key, row in found.items():
+            if row.entity_id != entity_of[key]:
+                raise BadTask(f"task key {key!r} was submitted for entity {row.entity_id}")
+
+
+async def _submit_batch(
+    store: TaskStore,
+    queue: WorkQueue,
+    job: Task,
+    items: list[tuple[int, str, str]],
+    resend_after_s: float,
+) -> list[Submitted]:
+    """Up to ``SEND_BATCH`` tasks: their rows, then the new ones' messages in one call."""
     done: list[Submitted] = []
     unsent: list[Submitted] = []  # recorded here, their messages not yet sent
     try:
@@ -101,14 +139,18 @@ async def submit_many(
                 unsent.append(done[-1])
             else:
                 done.append(await _known(store, queue, job, entity, task_key, resend_after_s))
-        while unsent:
-            batch = unsent[:SEND_BATCH]
+        if unsent:
             messages = [
                 QueueMessage("entity_task", job.name, "", entity_id=t.entity_id, key=t.key)
-                for t in batch
+                for t in unsent
             ]
-            await queue.send([message.to_json() for message in messages])
-            del unsent[: len(batch)]
+            try:
+                await queue.send([message.to_json() for message in messages])
+            except QueueError as exc:
+                if exc.unsent is not None:  # the queue says which it took: those stay
+                    unsent = [unsent[i] for i in exc.unsent]
+                raise
+            unsent = []
     except BaseException:
         await _withdraw(store, job.name, [t.key for t in unsent])
         raise

@@ -201,8 +201,9 @@ async def test_entry_that_keeps_failing_raises(
     events = queue.client.meta.events
     events.register("before-parameter-build.sqs.SendMessageBatch", drop_bad)
     events.register("before-call.sqs.SendMessageBatch", fail_alone)
-    with pytest.raises(QueueError, match="1 of 3 messages not queued"):
+    with pytest.raises(QueueError, match="1 of 3 messages not queued") as raised:
         await queue.send([retry_body(6), bad, retry_body(8)])
+    assert raised.value.unsent == (1,)  # which one it was: the others were queued
     assert calls == [2, 0, 0, 0]  # the first send, then three resends of the bad entry
     assert sorted(r.body for r in await receive_all(queue)) == [retry_body(6), retry_body(8)]
 

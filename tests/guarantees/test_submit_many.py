@@ -22,6 +22,20 @@ from batchrun.tasks.store import TaskStore
 from batchrun.tasks.submit import SEND_BATCH, submit_many
 
 
+class PartlyQueue:
+    """Queues every message but those at ``refused`` positions of a call, and says which."""
+
+    def __init__(self, queue: WorkQueue, refused: tuple[int, ...]) -> None:
+        self.queue = queue
+        self.refused = refused
+
+    async def send(self, bodies: list[str], *, delay_s: float = 0.0) -> None:
+        await self.queue.send([b for i, b in enumerate(bodies) if i not in self.refused])
+        error = QueueError("2 of 10 messages not queued (InternalError: x)")
+        error.unsent = self.refused
+        raise error
+
+
 class CountingQueue:
     """The store's own queue, counting the sends; ``refuse_from``: the send of that
     number (1-based) and the later ones fail as an unreachable queue's do."""
@@ -118,6 +132,20 @@ async def test_a_failed_send_takes_back_only_the_unsent(store: Any) -> None:
     assert _keys(again.sends) == [f"k{n}" for n in range(10, 25)]
 
 
+async def test_what_the_queue_took_of_a_failed_call_stays(store: Any) -> None:
+    """A queue that says which messages of a call it did not take (SQS's Failed entries):
+    only those rows are taken back; the rest stay, their messages queued."""
+    queue = PartlyQueue(LocalQueue(store.db), refused=(1, 3))
+    tasks: list[tuple[object, object, object]] = [(n + 1, None, f"k{n}") for n in range(10)]
+    with pytest.raises(QueueError):
+        await submit_many(store.db, cast(WorkQueue, queue), StepsTask(), tasks, resend_after_s=300)
+    rows = TaskStore(store.db)
+    kept = [n for n in range(10) if await rows.get("steps", f"k{n}") is not None]
+    assert kept == [0, 2, *range(4, 10)]
+    queued = [r.body for r in await LocalQueue(store.db).receive(max_messages=20, visibility_s=60)]
+    assert sorted(json.loads(b)["key"] for b in queued) == [f"k{n}" for n in kept]
+
+
 async def test_a_key_of_another_entity_queues_none_of_the_batch(store: Any) -> None:
     queue = CountingQueue(LocalQueue(store.db))
     steps = StepsTask()
@@ -128,3 +156,10 @@ async def test_a_key_of_another_entity_queues_none_of_the_batch(store: Any) -> N
     rows = TaskStore(store.db)
     assert await rows.get("steps", "a") is None and await rows.get("steps", "b") is None
     assert _keys(queue.sends) == ["x"]  # the first call's; nothing of the refused batch
+    # A key given for two entities in one list, in different queue calls: refused before
+    # the first call.
+    twice: list[tuple[object, object, object]] = [(2, None, f"t{n}") for n in range(12)]
+    twice.append((3, None, "t0"))
+    with pytest.raises(BadTask, match="given for entities 2 and 3"):
+        await submit_many(store.db, cast(WorkQueue, queue), steps, twice, resend_after_s=300)
+    assert await rows.get("steps", "t0") is None and _keys(queue.sends) == ["x"]
