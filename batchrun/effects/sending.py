@@ -198,12 +198,11 @@ class Sender:
                 raise LookupError(f"job {ctx.job.name!r} has no templates")
             # The templates' own variables, under the job's; one copy. send_year: the
             # footer's copyright year is the year the email goes out.
-            ours = self.defaults
-            year = time.gmtime().tm_year
+            defaults, year = self.defaults, time.gmtime().tm_year
             if url is None:
-                namespace = {**ours, "send_year": year, **variables}
+                namespace = {**defaults, "send_year": year, **variables}
             else:
-                namespace = {**ours, "send_year": year, "unsubscribe_url": url, **variables}
+                namespace = {**defaults, "send_year": year, "unsubscribe_url": url, **variables}
             rendered = self.templates.render(template, namespace)
             subject = subject if subject is not None else rendered.subject
             text = text if text is not None else rendered.text

@@ -94,32 +94,35 @@ async def submit_many(
     what was not, and is a no-op for what was (their keys must be given for that)."""
     items = [checked(*task) for task in tasks]
     store = TaskStore(db)
-    if len(items) > 1:  # one task is checked by its own insert, as it always was
-        await _refuse_other_entities(store, job.name, items)
+    # One task is checked by its own insert, as it always was.
+    known = await _refuse_other_entities(store, job.name, items) if len(items) > 1 else set()
     await store.add_turns(job.name, list(dict.fromkeys(entity for entity, _, _ in items)))
     done: list[Submitted] = []
     for start in range(0, len(items), SEND_BATCH):
-        done += await _submit_batch(
-            store, queue, job, items[start : start + SEND_BATCH], resend_after_s
-        )
+        batch = items[start : start + SEND_BATCH]
+        done += await _submit_batch(store, queue, job, batch, known, resend_after_s)
     return done
 
 
 async def _refuse_other_entities(
     store: TaskStore, job: str, items: list[tuple[int, str, str]]
-) -> None:
+) -> set[str]:
     """BadTask for a key given for two entities in ``items``, or submitted before for
-    another entity: before anything is written or sent."""
+    another entity: before anything is written or sent. The keys submitted before (for
+    the same entity)."""
     entity_of: dict[str, int] = {}
     for entity, _, key in items:
         if entity_of.setdefault(key, entity) != entity:
             raise BadTask(f"task key {key!r} is given for entities {entity_of[key]} and {entity}")
     keys = list(entity_of)
+    known: set[str] = set()
     for start in range(0, len(keys), KEYS_A_LOOKUP):
         found = await store.get_many(job, keys[start : start + KEYS_A_LOOKUP])
         for key, row in found.items():
             if row.entity_id != entity_of[key]:
                 raise BadTask(f"task key {key!r} was submitted for entity {row.entity_id}")
+        known.update(found)
+    return known
 
 
 async def _submit_batch(
@@ -127,9 +130,11 @@ async def _submit_batch(
     queue: WorkQueue,
     job: Task,
     items: list[tuple[int, str, str]],
+    known: set[str],
     resend_after_s: float,
 ) -> list[Submitted]:
-    """Up to ``SEND_BATCH`` tasks: their rows, then the new ones' messages in one call."""
+    """Up to ``SEND_BATCH`` tasks: their rows, then the new ones' messages in one call.
+    ``known``: keys found submitted before for the same entity (not looked up again)."""
     done: list[Submitted] = []
     unsent: list[Submitted] = []  # recorded here, their messages not yet sent
     try:
@@ -138,7 +143,11 @@ async def _submit_batch(
                 done.append(Submitted(job.name, entity, task_key, queued=True))
                 unsent.append(done[-1])
             else:
-                done.append(await _known(store, queue, job, entity, task_key, resend_after_s))
+                done.append(
+                    await _known(
+                        store, queue, job, entity, task_key, resend_after_s, task_key in known
+                    )
+                )
         if unsent:
             messages = [
                 QueueMessage("entity_task", job.name, "", entity_id=t.entity_id, key=t.key)
@@ -158,13 +167,23 @@ async def _submit_batch(
 
 
 async def _known(
-    store: TaskStore, queue: WorkQueue, job: Task, entity: int, key: str, resend_after_s: float
+    store: TaskStore,
+    queue: WorkQueue,
+    job: Task,
+    entity: int,
+    key: str,
+    resend_after_s: float,
+    looked_up: bool,
 ) -> Submitted:
-    """A key submitted before: a no-op, unless its message looks lost (sent again)."""
-    row = await store.get(job.name, key)
-    if row is not None and row.entity_id != entity:
-        raise BadTask(f"task key {key!r} was submitted for entity {row.entity_id}")
-    resent = row is not None and await resend_if_lost(
+    """A key submitted before: a no-op, unless its message looks lost (sent again).
+    ``looked_up``: its row was found, for this entity, before the insert."""
+    exists = looked_up
+    if not looked_up:
+        row = await store.get(job.name, key)
+        if row is not None and row.entity_id != entity:
+            raise BadTask(f"task key {key!r} was submitted for entity {row.entity_id}")
+        exists = row is not None
+    resent = exists and await resend_if_lost(
         store,
         queue,
         job.name,
