@@ -3,66 +3,71 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, stderr
+from batchrun.cli.task_file import Submission, from_file, from_options
 from batchrun.errors import UsageError
 from batchrun.period import parse as parse_period
 from batchrun.runtime.resources import open_backends
-from batchrun.task import BadTask, Task, checked
+from batchrun.task import BadTask, Task
 from batchrun.tasks.store import TaskStore
-from batchrun.tasks.submit import submit as submit_one
+from batchrun.tasks.submit import Submitted, submit_many
 
 Json = Annotated[bool, typer.Option("--json", metavar="", help="Print one JSON summary on stdout.")]
 STATUS_KEYS = ("pending", "running", "succeeded", "failed", "dead", "oldest_pending_s")
 
 
 async def submit_task(
-    context: Invocation, job: Task, ids: list[int], key: str | None, data: str | None, as_json: bool
+    context: Invocation,
+    job: Task,
+    tasks: list[Submission],
+    as_json: bool,
+    *,
+    single: bool,
 ) -> int:
-    """Queue one task of ``job``; print its key (or the JSON line). Refused with one line
-    (exit 2) before anything is queued: data not a JSON object, over 200 KB, a bad key."""
-    if len(ids) != 1:
-        raise UsageError(f"{job.name} is a task job: give one --id")
-    if data is not None and data.startswith("@"):  # @FILE: the JSON in a file
-        try:
-            data = Path(data[1:]).read_text(encoding="utf-8")  # noqa: ASYNC240 (one small file)
-        except OSError as exc:
-            raise UsageError(f"--data {data}: {exc.strerror}") from None
+    """Queue ``tasks`` of ``job``; print each one's key (or its JSON line) as it is queued,
+    so what went before an error is on stdout. Everything was checked before (exit 2)."""
+    counts = {"queued": 0, "resent": 0, "before": 0}
+    keys: list[str] = []
+
+    def show(settled: list[Submitted]) -> None:
+        for done in settled:
+            print(json.dumps(done.as_json()) if as_json else done.key, flush=True)
+            counts["resent" if done.resent else "queued" if done.queued else "before"] += 1
+            keys.append(done.key)
+
     try:
-        parsed: Any = None if data is None else json.loads(data)
-    except ValueError as exc:
-        raise UsageError(f"--data is not JSON: {exc}") from None
-    try:
-        checked(ids[0], parsed, key)  # before connecting to anything
         async with open_backends(context.settings, queue=True, jobs=[job]) as backends:
             assert backends.queue is not None
-            done = await submit_one(
+            await submit_many(
                 backends.store.db,
                 backends.queue,
                 job,
-                ids[0],
-                parsed,
-                key,
+                tasks,
                 resend_after_s=context.settings.task_resend_s,
+                on_sent=show,
             )
     except BadTask as exc:
         raise UsageError(str(exc)) from None
     if as_json:
-        print(json.dumps(done.as_json()))
-    else:
-        print(done.key)
-        if done.resent:
-            stderr.print(
-                f"task {done.key} was submitted before but never started: sent again",
-                highlight=False,
-            )
-        elif not done.queued:
-            stderr.print(f"task {done.key} was submitted before: nothing queued", highlight=False)
+        return 0
+    if not single:
+        stderr.print(
+            f"{job.name}: {counts['queued']} tasks queued, {counts['before']} submitted before"
+            f" (nothing queued), {counts['resent']} sent again",
+            highlight=False,
+        )
+    elif counts["resent"]:
+        stderr.print(
+            f"task {keys[0]} was submitted before but never started: sent again",
+            highlight=False,
+        )
+    elif counts["before"]:
+        stderr.print(f"task {keys[0]} was submitted before: nothing queued", highlight=False)
     return 0
 
 
@@ -79,12 +84,16 @@ async def task_status(context: Invocation, job: Task) -> dict[str, Any]:
         "batchrun submit birthday --period 2025-06 --id 42",
         'batchrun submit uploads --id 7 --data \'{"kind": "scan", "upload_id": 9}\'',
         "batchrun submit uploads --id 7 --key upload-991 --json",
+        'batchrun submit uploads --file tasks.jsonl  # {"entity_id": 7, "key": "u-991"} a line',
     ),
 )
 def submit(
     ctx: typer.Context,
     job: Annotated[str, typer.Argument(help="The job's name.")],
-    ids: Annotated[list[int], typer.Option("--id", min=1, help="An entity id; repeat for more.")],
+    ids: Annotated[
+        list[int] | None,
+        typer.Option("--id", min=1, help="An entity id; repeat for more."),
+    ] = None,
     period: Annotated[
         str | None,
         typer.Option("--period", help="The job's period, e.g. 2025-06 (not for a task job)."),
@@ -105,14 +114,25 @@ def submit(
             help="A task job's data: a JSON object, 200 KB at most, or @FILE to read it from FILE.",
         ),
     ] = None,
+    file: Annotated[
+        str | None,
+        typer.Option(
+            "--file",
+            metavar="FILE",
+            help='A task job\'s tasks as JSON Lines, one {"entity_id", "data", "key"} a line'
+            " (data and key optional); - reads standard input. Instead of --id.",
+        ),
+    ] = None,
     as_json: Json = False,
 ) -> None:
     """Queue work for the queue consumers (`retry`, `worker`, the Lambda).
 
-    For a task job (batchrun.Task): one task for entity --id, printed as its key (a new
-    one unless --key is given); with --json {"job", "entity_id", "key", "queued"}. A key
-    submitted before queues nothing ("queued": false). One entity's tasks run one at a
-    time, in submission order.
+    For a task job (batchrun.Task): one task for each --id, printed as its key (a new
+    one unless --key is given); with --json {"job", "entity_id", "key", "queued"} (one
+    line a task). A key submitted before queues nothing ("queued": false). One entity's
+    tasks run one at a time, in submission order. --file gives many tasks, each with its
+    own data and key: a bad line is refused (exit 2) before anything is queued, and a
+    file whose every line has a key can be submitted again after an error.
 
     For a period job (--period): one task per entity. Two tasks for one entity never run
     at once, and an entity is done at most once per period: a second submit of a
@@ -126,7 +146,20 @@ def submit(
         if isinstance(entry.job, Task):
             if period is not None:
                 raise UsageError(f"{job} is a task job: it takes no --period")
-            return await submit_task(context, entry.job, ids, key, data, as_json)
+            if file is None:
+                if not ids:
+                    raise UsageError(f"{job} is a task job: give --id, or --file")
+                tasks = from_options(ids, data, key)
+            elif ids or key is not None or data is not None:
+                raise UsageError("--file gives every task: leave out --id, --key and --data")
+            else:
+                tasks = from_file(file)  # read whole, before connecting
+            single = file is None and len(tasks) == 1
+            return await submit_task(context, entry.job, tasks, as_json, single=single)
+        if file is not None:
+            raise UsageError(f"{job} is a period job: --file is for task jobs; give --id")
+        if not ids:
+            raise UsageError(f"{job} is a period job: give --id")
         if period is None:
             raise UsageError(f"{job} is a period job: give --period")
         if key is not None or data is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from batchrun.db.base import Database
@@ -80,6 +80,7 @@ async def submit_many(
     tasks: Sequence[tuple[object, object, object]],
     *,
     resend_after_s: float,
+    on_sent: Callable[[list[Submitted]], None] | None = None,
 ) -> list[Submitted]:
     """``submit`` for many tasks of one job, each ``(entity_id, data, key)``: what each
     became, in order. One statement a task and one queue call per ``SEND_BATCH`` tasks,
@@ -91,7 +92,8 @@ async def submit_many(
     rows of that call whose message the queue did not take are taken back (all of them,
     unless the queue tells which it took: ``QueueError.unsent``) and the error is raised;
     what earlier calls queued stays queued. Submitting the same tasks again then queues
-    what was not, and is a no-op for what was (their keys must be given for that)."""
+    what was not, and is a no-op for what was (their keys must be given for that).
+    ``on_sent`` is told what each call settled, as it goes: what went before an error."""
     items = [checked(*task) for task in tasks]
     store = TaskStore(db)
     # One task is checked by its own insert, as it always was.
@@ -100,7 +102,10 @@ async def submit_many(
     done: list[Submitted] = []
     for start in range(0, len(items), SEND_BATCH):
         batch = items[start : start + SEND_BATCH]
-        done += await _submit_batch(store, queue, job, batch, known, resend_after_s)
+        settled = await _submit_batch(store, queue, job, batch, known, resend_after_s)
+        if on_sent is not None:
+            on_sent(settled)
+        done += settled
     return done
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -117,13 +118,20 @@ async def test_a_failed_send_takes_back_only_the_unsent(store: Any) -> None:
     the same tasks submitted again queue those fifteen and leave the ten as they were."""
     tasks: list[tuple[object, object, object]] = [(n % 3 + 1, {"n": n}, f"k{n}") for n in range(25)]
     failing = CountingQueue(LocalQueue(store.db), refuse_from=2)
+    told: list[str] = []  # what on_sent was told before the error: what went
     with pytest.raises(QueueError, match="refused"):
         await submit_many(
-            store.db, cast(WorkQueue, failing), StepsTask(), tasks, resend_after_s=300
+            store.db,
+            cast(WorkQueue, failing),
+            StepsTask(),
+            tasks,
+            resend_after_s=300,
+            on_sent=lambda settled: told.extend(d.key for d in settled),
         )
     rows = TaskStore(store.db)
     kept = [n for n in range(25) if await rows.get("steps", f"k{n}") is not None]
     assert kept == list(range(10)) and _keys(failing.sends) == [f"k{n}" for n in range(10)]
+    assert told == [f"k{n}" for n in range(10)]
     again = CountingQueue(LocalQueue(store.db))
     done = await submit_many(
         store.db, cast(WorkQueue, again), StepsTask(), tasks, resend_after_s=300
@@ -163,3 +171,41 @@ async def test_a_key_of_another_entity_queues_none_of_the_batch(store: Any) -> N
     with pytest.raises(BadTask, match="given for entities 2 and 3"):
         await submit_many(store.db, cast(WorkQueue, queue), steps, twice, resend_after_s=300)
     assert await rows.get("steps", "t0") is None and _keys(queue.sends) == ["x"]
+
+
+def test_the_cli_submits_a_file_of_tasks_and_refuses_a_bad_line_first(
+    db_url: str, tmp_path: Path
+) -> None:
+    """``submit JOB --file``: a JSON Lines file in one go, keys printed in order; a bad
+    line anywhere is refused with its number and nothing is queued; the same file again
+    queues nothing; several ``--id`` are a task each."""
+    env = migrate_task_jobs(db_url)
+    lines = [{"entity_id": n % 3 + 1, "data": {"seq": n // 3}, "key": f"f{n}"} for n in range(12)]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([*map(json.dumps, lines[:6]), '{"entity_id": 2, "dta": {}}']))
+    refused = run_cli("submit", "steps", "--file", str(bad), env=env)
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+    assert "line 7: unknown field 'dta'" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    assert json.loads(run_cli("status", "steps", "--json", env=env).stdout)["pending"] == 0
+    good = tmp_path / "tasks.jsonl"
+    good.write_text("\n".join(map(json.dumps, lines)) + "\n\n" + '{"entity_id": 4}\n')
+    first = run_cli("submit", "steps", "--file", str(good), env=env)
+    assert first.returncode == 0, first.stderr
+    keys = first.stdout.split()
+    assert keys[:12] == [f"f{n}" for n in range(12)] and len(keys[12]) == 32, keys
+    assert "13 tasks queued, 0 submitted before" in first.stderr, first.stderr
+    keyed = tmp_path / "keyed.jsonl"
+    keyed.write_text("\n".join(map(json.dumps, lines)))
+    again = run_cli("submit", "steps", "--file", str(keyed), "--json", env=env)
+    said = [json.loads(line) for line in again.stdout.splitlines()]
+    assert [(s["key"], s["queued"]) for s in said] == [(f"f{n}", False) for n in range(12)]
+    several = run_cli("submit", "steps", "--id", "5", "--id", "6", "--data", '{"seq": 0}', env=env)
+    assert several.returncode == 0 and len(several.stdout.split()) == 2, several.stderr
+    served = run_cli("worker", "--idle-exit", "1", "--json", env=env, timeout=120)
+    assert served.returncode == 0, served.stderr
+    ran = effects(db_url)
+    assert len(ran) == 15 and len({r[1] for r in ran}) == 15  # each task once
+    order: dict[int, list[int]] = defaultdict(list)
+    for entity, _key, seq, _start, _end in sorted(ran, key=lambda r: r[3]):
+        order[int(entity)].append(int(seq))
+    assert order[1] == order[2] == order[3] == [0, 1, 2, 3], dict(order)

@@ -4,12 +4,16 @@ time and in submission order, across worker processes; the client, the CLI, stat
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections import defaultdict
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from support import ROOT
 from support.cli import run_cli
 from support.db import query
 from support.tasks import (
@@ -81,6 +85,42 @@ def test_the_cli_submits_and_refuses_bad_input_before_queueing(
     unknown = run_cli("submit", "nope", "--id", "5", env=env)
     assert unknown.returncode == 2 and "unknown job" in unknown.stderr
     assert query(sqlite_url, "SELECT COUNT(*) FROM batchrun_queue")[0][0] == 2
+
+
+def test_the_cli_reads_tasks_from_standard_input_and_names_a_bad_line(sqlite_url: str) -> None:
+    env = migrate_task_jobs(sqlite_url)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")} | env
+
+    def submit(text: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "batchrun", "submit", "steps", *args],
+            input=text, env=full, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    for text, args, said in (
+        ('{"entity_id": 1}\n[1]\n', ["--file", "-"], "--file - line 2: not a JSON object"),
+        ('{"entity_id": 1}\n{"entity_id": "2"}\n', ["--file", "-"], "line 2: entity id '2'"),
+        ('{"key": "k"}\n', ["--file", "-"], "line 1: no entity_id"),
+        ('{"entity_id": 1, "data": [1]}\n', ["--file", "-"], "line 1: task data must be"),
+        ("{nope\n", ["--file", "-"], "line 1: not JSON"),
+        ("", ["--file", "-", "--id", "3"], "leave out --id, --key and --data"),
+        ("", ["--id", "3", "--id", "4", "--key", "k"], "--key names one task"),
+        ("", [], "give --id, or --file"),
+    ):
+        refused = submit(text, *args)
+        assert refused.returncode == 2 and said in refused.stderr, (args, refused.stderr)
+        assert len(refused.stderr.splitlines()) == 1 and refused.stdout == ""
+    assert query(sqlite_url, "SELECT COUNT(*) FROM batchrun_queue")[0][0] == 0
+    done = submit('{"entity_id": 1, "key": "s1"}\n{"entity_id": 2}\n', "--file", "-", "--json")
+    assert done.returncode == 0, done.stderr
+    said = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(s["entity_id"], s["queued"]) for s in said] == [(1, True), (2, True)]
+    assert (
+        said[0]["key"] == "s1"
+        and query(sqlite_url, "SELECT COUNT(*) FROM batchrun_queue")[0][0] == 2
+    )
+    empty = submit("\n", "--file", "-")
+    assert empty.returncode == 0 and empty.stdout == "", empty.stderr
 
 
 def test_a_retried_task_keeps_its_place_and_a_failed_one_is_dead(sqlite_url: str) -> None:
