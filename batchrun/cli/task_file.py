@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from batchrun.db.store import MAX_ID
 from batchrun.errors import UsageError
 from batchrun.task import BadTask, checked
 
@@ -27,7 +28,7 @@ def from_options(ids: list[int], data: str | None, key: str | None) -> list[Subm
             raise UsageError(f"--data {data}: {exc.strerror}") from None
     try:
         parsed: Any = None if data is None else json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise UsageError(f"--data is not JSON: {exc}") from None
     tasks = [(entity, parsed, key) for entity in ids]
     for task in tasks:
@@ -41,27 +42,43 @@ def from_options(ids: list[int], data: str | None, key: str | None) -> list[Subm
 def from_file(name: str) -> list[Submission]:
     """The tasks of a JSON Lines file (``-``: standard input), one object a line:
     ``{"entity_id": 7, "data": {...}, "key": "..."}``, ``data`` and ``key`` optional,
-    blank lines skipped. A bad line is refused with its number, before anything is queued."""
+    blank lines skipped, a byte order mark and CRLF line ends allowed. A bad line, or a
+    key on two lines, is refused with its line number before anything is queued."""
     try:
         if name == "-":
-            text = sys.stdin.buffer.read().decode("utf-8")
+            if sys.stdin is None:
+                raise UsageError("--file -: there is no standard input")
+            raw = sys.stdin.buffer.read()
         else:
-            text = Path(name).read_bytes().decode("utf-8")
+            raw = Path(name).read_bytes()
+        text = raw.decode("utf-8-sig")
     except OSError as exc:
         raise UsageError(f"--file {name}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise UsageError(f"--file {name}: not UTF-8 text (byte {exc.start})") from None
     tasks: list[Submission] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            tasks.append(_task(line, f"--file {name} line {number}"))
+    key_line: dict[str, int] = {}
+    # Lines end at LF alone: U+2028 and the like may stand unescaped in a JSON string.
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        where = f"--file {name} line {number}"
+        task = _task(line.removesuffix("\r"), where)
+        key = task[2]
+        if key is not None:
+            if key in key_line:
+                raise UsageError(f"{where}: key {key!r} is on line {key_line[key]} already")
+            key_line[key] = number
+        tasks.append(task)
     return tasks
 
 
 def _task(line: str, where: str) -> Submission:
     try:
-        fields: Any = json.loads(line)
-    except ValueError as exc:
+        fields: Any = json.loads(line, object_pairs_hook=_no_repeated_field)
+    except _Repeated as exc:
+        raise UsageError(f"{where}: {exc}") from None
+    except (ValueError, RecursionError) as exc:
         raise UsageError(f"{where}: not JSON: {exc}") from None
     if not isinstance(fields, dict):
         raise UsageError(f"{where}: not a JSON object")
@@ -70,9 +87,27 @@ def _task(line: str, where: str) -> Submission:
         raise UsageError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(FIELDS)})")
     if "entity_id" not in fields:
         raise UsageError(f"{where}: no entity_id")
-    task = (fields["entity_id"], fields.get("data"), fields.get("key"))
+    entity = fields["entity_id"]
+    if type(entity) is not int:  # bool is an int to Python, not to JSON
+        raise UsageError(f"{where}: entity_id is not an integer: {json.dumps(entity)[:40]}")
+    if not 0 < entity <= MAX_ID:
+        raise UsageError(f"{where}: entity_id is out of range (1 to {MAX_ID})")
+    task = (entity, fields.get("data"), fields.get("key"))
     try:
         checked(*task)
     except BadTask as exc:
         raise UsageError(f"{where}: {exc}") from None
     return task
+
+
+class _Repeated(ValueError):
+    """A field given twice in one object (JSON would keep the last without a word)."""
+
+
+def _no_repeated_field(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in fields:
+            raise _Repeated(f"field {name!r} is given twice")
+        fields[name] = value
+    return fields

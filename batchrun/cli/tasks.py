@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -17,7 +19,14 @@ from batchrun.task import BadTask, Task
 from batchrun.tasks.store import TaskStore
 from batchrun.tasks.submit import Submitted, submit_many
 
-Json = Annotated[bool, typer.Option("--json", metavar="", help="Print one JSON summary on stdout.")]
+Json = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        metavar="",
+        help="Print one JSON summary on stdout (for a task job, one JSON line a task).",
+    ),
+]
 STATUS_KEYS = ("pending", "running", "succeeded", "failed", "dead", "oldest_pending_s")
 
 
@@ -31,14 +40,21 @@ async def submit_task(
 ) -> int:
     """Queue ``tasks`` of ``job``; print each one's key (or its JSON line) as it is queued,
     so what went before an error is on stdout. Everything was checked before (exit 2)."""
+    if not tasks:
+        stderr.print(f"{job.name}: no tasks given: nothing queued", highlight=False)
+        return 0
     counts = {"queued": 0, "resent": 0, "before": 0}
     keys: list[str] = []
 
     def show(settled: list[Submitted]) -> None:
         for done in settled:
-            print(json.dumps(done.as_json()) if as_json else done.key, flush=True)
             counts["resent" if done.resent else "queued" if done.queued else "before"] += 1
             keys.append(done.key)
+            try:
+                print(json.dumps(done.as_json()) if as_json else done.key, flush=True)
+            except BrokenPipeError:
+                # The reader went away (`| head -1`): the rest is queued all the same.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     try:
         async with open_backends(context.settings, queue=True, jobs=[job]) as backends:
@@ -57,8 +73,8 @@ async def submit_task(
         return 0
     if not single:
         stderr.print(
-            f"{job.name}: {counts['queued']} tasks queued, {counts['before']} submitted before"
-            f" (nothing queued), {counts['resent']} sent again",
+            f"{job.name}: {_tasks(counts['queued'])} queued, {counts['before']} submitted"
+            f" before (nothing queued), {counts['resent']} sent again",
             highlight=False,
         )
     elif counts["resent"]:
@@ -69,6 +85,10 @@ async def submit_task(
     elif counts["before"]:
         stderr.print(f"task {keys[0]} was submitted before: nothing queued", highlight=False)
     return 0
+
+
+def _tasks(count: int) -> str:
+    return f"{count} task" if count == 1 else f"{count} tasks"
 
 
 async def task_status(context: Invocation, job: Task) -> dict[str, Any]:
@@ -84,7 +104,7 @@ async def task_status(context: Invocation, job: Task) -> dict[str, Any]:
         "batchrun submit birthday --period 2025-06 --id 42",
         'batchrun submit uploads --id 7 --data \'{"kind": "scan", "upload_id": 9}\'',
         "batchrun submit uploads --id 7 --key upload-991 --json",
-        'batchrun submit uploads --file tasks.jsonl  # {"entity_id": 7, "key": "u-991"} a line',
+        "batchrun submit uploads --file tasks.jsonl",
     ),
 )
 def submit(

@@ -93,7 +93,9 @@ async def submit_many(
     unless the queue tells which it took: ``QueueError.unsent``) and the error is raised;
     what earlier calls queued stays queued. Submitting the same tasks again then queues
     what was not, and is a no-op for what was (their keys must be given for that).
-    ``on_sent`` is told what each call settled, as it goes: what went before an error."""
+    ``on_sent`` is told what each call settled, as it goes; on an error, what stays of the
+    failed call too (what the queue took of it, keys submitted before), so that what it
+    was told is what stays queued."""
     items = [checked(*task) for task in tasks]
     store = TaskStore(db)
     # One task is checked by its own insert, as it always was.
@@ -102,10 +104,7 @@ async def submit_many(
     done: list[Submitted] = []
     for start in range(0, len(items), SEND_BATCH):
         batch = items[start : start + SEND_BATCH]
-        settled = await _submit_batch(store, queue, job, batch, known, resend_after_s)
-        if on_sent is not None:
-            on_sent(settled)
-        done += settled
+        done += await _submit_batch(store, queue, job, batch, known, resend_after_s, on_sent)
     return done
 
 
@@ -137,9 +136,11 @@ async def _submit_batch(
     items: list[tuple[int, str, str]],
     known: set[str],
     resend_after_s: float,
+    on_sent: Callable[[list[Submitted]], None] | None,
 ) -> list[Submitted]:
     """Up to ``SEND_BATCH`` tasks: their rows, then the new ones' messages in one call.
-    ``known``: keys found submitted before for the same entity (not looked up again)."""
+    ``known``: keys found submitted before for the same entity (not looked up again).
+    ``on_sent`` is told what the call settled; on an error, what stays (not taken back)."""
     done: list[Submitted] = []
     unsent: list[Submitted] = []  # recorded here, their messages not yet sent
     try:
@@ -166,8 +167,13 @@ async def _submit_batch(
                 raise
             unsent = []
     except BaseException:
+        taken_back = {id(t) for t in unsent}
         await _withdraw(store, job.name, [t.key for t in unsent])
+        if on_sent is not None:
+            on_sent([t for t in done if id(t) not in taken_back])
         raise
+    if on_sent is not None:
+        on_sent(done)
     return done
 
 

@@ -145,11 +145,19 @@ async def test_what_the_queue_took_of_a_failed_call_stays(store: Any) -> None:
     only those rows are taken back; the rest stay, their messages queued."""
     queue = PartlyQueue(LocalQueue(store.db), refused=(1, 3))
     tasks: list[tuple[object, object, object]] = [(n + 1, None, f"k{n}") for n in range(10)]
+    told: list[str] = []  # on_sent is told what stays of the failed call: what went
     with pytest.raises(QueueError):
-        await submit_many(store.db, cast(WorkQueue, queue), StepsTask(), tasks, resend_after_s=300)
+        await submit_many(
+            store.db,
+            cast(WorkQueue, queue),
+            StepsTask(),
+            tasks,
+            resend_after_s=300,
+            on_sent=lambda settled: told.extend(d.key for d in settled),
+        )
     rows = TaskStore(store.db)
     kept = [n for n in range(10) if await rows.get("steps", f"k{n}") is not None]
-    assert kept == [0, 2, *range(4, 10)]
+    assert kept == [0, 2, *range(4, 10)] and told == [f"k{n}" for n in kept]
     queued = [r.body for r in await LocalQueue(store.db).receive(max_messages=20, visibility_s=60)]
     assert sorted(json.loads(b)["key"] for b in queued) == [f"k{n}" for n in kept]
 
@@ -181,11 +189,12 @@ def test_the_cli_submits_a_file_of_tasks_and_refuses_a_bad_line_first(
     queues nothing; several ``--id`` are a task each."""
     env = migrate_task_jobs(db_url)
     lines = [{"entity_id": n % 3 + 1, "data": {"seq": n // 3}, "key": f"f{n}"} for n in range(12)]
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text("\n".join([*map(json.dumps, lines[:6]), '{"entity_id": 2, "dta": {}}']))
+    bad = tmp_path / "bad.jsonl"  # the bad line after the first queue call's ten
+    bad.write_text("\n".join([*map(json.dumps, lines[:11]), '{"entity_id": 2, "dta": {}}']))
     refused = run_cli("submit", "steps", "--file", str(bad), env=env)
     assert refused.returncode == 2 and refused.stdout == "", refused.stdout
-    assert "line 7: unknown field 'dta'" in refused.stderr and len(refused.stderr.splitlines()) == 1
+    assert "line 12: unknown field 'dta'" in refused.stderr, refused.stderr
+    assert len(refused.stderr.splitlines()) == 1
     assert json.loads(run_cli("status", "steps", "--json", env=env).stdout)["pending"] == 0
     good = tmp_path / "tasks.jsonl"
     good.write_text("\n".join(map(json.dumps, lines)) + "\n\n" + '{"entity_id": 4}\n')

@@ -99,7 +99,23 @@ def test_the_cli_reads_tasks_from_standard_input_and_names_a_bad_line(sqlite_url
 
     for text, args, said in (
         ('{"entity_id": 1}\n[1]\n', ["--file", "-"], "--file - line 2: not a JSON object"),
-        ('{"entity_id": 1}\n{"entity_id": "2"}\n', ["--file", "-"], "line 2: entity id '2'"),
+        (
+            '{"entity_id": 1}\n{"entity_id": "2"}\n',
+            ["--file", "-"],
+            'line 2: entity_id is not an integer: "2"',
+        ),
+        ('{"entity_id": true}\n', ["--file", "-"], "line 1: entity_id is not an integer: true"),
+        ('{"entity_id": 1, "entity_id": 2}\n', ["--file", "-"], "field 'entity_id' is given twice"),
+        (
+            '{"entity_id": 1, "key": "a"}\r\n{"entity_id": 2, "key": "a"}\n',
+            ["--file", "-"],
+            "line 2: key 'a' is on line 1 already",
+        ),
+        (
+            '{"entity_id": 1, "data": {"t": "\u2028"}}\n{"entity_id": 2, "dta": 1}\n',
+            ["--file", "-"],
+            "line 2: unknown field 'dta'",
+        ),
         ('{"key": "k"}\n', ["--file", "-"], "line 1: no entity_id"),
         ('{"entity_id": 1, "data": [1]}\n', ["--file", "-"], "line 1: task data must be"),
         ("{nope\n", ["--file", "-"], "line 1: not JSON"),
@@ -121,6 +137,43 @@ def test_the_cli_reads_tasks_from_standard_input_and_names_a_bad_line(sqlite_url
     )
     empty = submit("\n", "--file", "-")
     assert empty.returncode == 0 and empty.stdout == "", empty.stderr
+    assert "no tasks given: nothing queued" in empty.stderr
+
+
+def test_after_a_queue_error_stdout_names_what_stays_queued(sqlite_url: str) -> None:
+    """The table queue refuses its second call (a trigger, from outside): the first ten
+    tasks stay queued and are on stdout, the rest taken back; the same file again queues
+    those and is a no-op for the ten."""
+    env = migrate_task_jobs(sqlite_url)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")} | env
+    text = "".join(json.dumps({"entity_id": n % 4 + 1, "key": f"q{n}"}) + "\n" for n in range(25))
+    query(
+        sqlite_url,
+        "CREATE TRIGGER full_queue BEFORE INSERT ON batchrun_queue"
+        " WHEN (SELECT COUNT(*) FROM batchrun_queue) >= 10"
+        " BEGIN SELECT RAISE(ABORT, 'the queue is full'); END",
+    )
+
+    def submit(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "batchrun", "submit", "steps", "--file", "-", *args],
+            input=text, env=full, cwd=ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    failed = submit()
+    assert failed.returncode != 0 and "the queue is full" in failed.stderr, failed.stderr
+    queued = [json.loads(r[0])["key"] for r in query(sqlite_url, "SELECT body FROM batchrun_queue")]
+    assert (
+        failed.stdout.split()
+        == sorted(queued, key=lambda k: int(k[1:]))
+        == [f"q{n}" for n in range(10)]
+    )
+    tasks = query(sqlite_url, "SELECT task_key FROM batchrun_entity_task")
+    assert sorted(r[0] for r in tasks) == sorted(queued)  # the rest taken back
+    query(sqlite_url, "DROP TRIGGER full_queue")
+    again = submit("--json")
+    said = [json.loads(line) for line in again.stdout.splitlines()]
+    assert [s["queued"] for s in said] == [False] * 10 + [True] * 15, again.stderr
 
 
 def test_a_retried_task_keeps_its_place_and_a_failed_one_is_dead(sqlite_url: str) -> None:
