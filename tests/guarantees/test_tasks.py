@@ -140,6 +140,26 @@ def test_the_cli_reads_tasks_from_standard_input_and_names_a_bad_line(sqlite_url
     assert "no tasks given: nothing queued" in empty.stderr
 
 
+def test_a_reader_that_goes_away_does_not_stop_a_submission(sqlite_url: str) -> None:
+    """stdout closed before the first key is printed (``| head -1`` gone): all 40 tasks
+    are queued all the same, and the command ends as usual."""
+    env = migrate_task_jobs(sqlite_url)
+    full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")} | env
+    text = "".join(json.dumps({"entity_id": n % 5 + 1}) + "\n" for n in range(40))
+    read, write = os.pipe()
+    os.close(read)  # nobody reads: the first print is a broken pipe
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "batchrun", "submit", "steps", "--file", "-"],
+            input=text.encode(), env=full, cwd=ROOT, stdout=write, stderr=subprocess.PIPE,
+            timeout=60,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 0, done.stderr
+    assert query(sqlite_url, "SELECT COUNT(*) FROM batchrun_queue")[0][0] == 40
+
+
 def test_after_a_queue_error_stdout_names_what_stays_queued(sqlite_url: str) -> None:
     """The table queue refuses its second call (a trigger, from outside): the first ten
     tasks stay queued and are on stdout, the rest taken back; the same file again queues
