@@ -47,6 +47,10 @@ _STATEMENT_END = re.compile(r";[ \t]*\n")
 _DROP_INDEX = re.compile(r"\s*DROP INDEX CONCURRENTLY IF EXISTS ", re.IGNORECASE)
 # New ledger rows after which the ledger's statistics are refreshed (then at twice as many).
 _ANALYZE_FIRST = 1000
+# asyncpg caches a prepared statement of at most 15 KB by default: a page's multi-row
+# insert (38 KB for 500 ledger rows) was prepared again on every page, with every one
+# of its parameters. A few such texts a run: cached, at most 100 a connection.
+MAX_CACHED_STATEMENT = 128 * 1024
 
 
 def _encode_date(value: Any) -> str:
@@ -96,6 +100,7 @@ def connection_options(url: str) -> dict[str, Any]:
         "password": unquote(parts.password or "") or None,
         "database": database,
         "timeout": timeout,
+        "max_cacheable_statement_size": MAX_CACHED_STATEMENT,
         "server_settings": {"lock_timeout": f"{LOCK_WAIT_S}s", "application_name": "batchrun"},
     }
     if "sslmode" in options:

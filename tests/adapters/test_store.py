@@ -304,3 +304,25 @@ async def test_mysql_escaping_matches_the_drivers_own(mysql_url: str) -> None:
         assert "''" in mine[7]  # the second round did run without backslash escapes
     finally:
         conn.close()
+
+
+async def test_a_pages_ledger_insert_is_prepared_once_on_postgresql(postgres_url: str) -> None:
+    """A page's multi-row claim insert (38 KB for 500 rows) stays in asyncpg's statement
+    cache: the server holds it as one named prepared statement after two pages, where
+    asyncpg's 15 KB default prepared it anew, unnamed, on every page."""
+    database = await connect(postgres_url, create=True, pool_size=1)
+    try:
+        store = Store(database)
+        await store.migrate([Birthday()])
+        for first in (1, 501):
+            ids = list(range(first, first + 500))
+            claims = await store.claim(S1, ids=ids, new_ids=ids, me="run-a", lease_ms=60_000)
+            assert len(claims) == 500
+        named = await database.fetch_sql(
+            "SELECT COUNT(*) FROM pg_prepared_statements"
+            " WHERE statement LIKE 'INSERT INTO batchrun_ledger%'",
+            (),
+        )
+        assert named[0][0] == 1
+    finally:
+        await database.close()
