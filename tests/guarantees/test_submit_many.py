@@ -53,6 +53,20 @@ class CountingQueue:
         await self.queue.send(bodies, delay_s=delay_s)
 
 
+async def _submit_telling(
+    store: Any, queue: object, tasks: list[tuple[object, object, object]], told: list[str]
+) -> None:
+    """``submit_many`` of steps tasks, the keys ``on_sent`` is told appended to ``told``."""
+    await submit_many(
+        store.db,
+        cast(WorkQueue, queue),
+        StepsTask(),
+        tasks,
+        resend_after_s=300,
+        on_sent=lambda settled: told.extend(d.key for d in settled),
+    )
+
+
 def _keys(sends: list[list[str]]) -> list[str]:
     return [str(json.loads(body)["key"]) for batch in sends for body in batch]
 
@@ -118,16 +132,8 @@ async def test_a_failed_send_takes_back_only_the_unsent(store: Any) -> None:
     the same tasks submitted again queue those fifteen and leave the ten as they were."""
     tasks: list[tuple[object, object, object]] = [(n % 3 + 1, {"n": n}, f"k{n}") for n in range(25)]
     failing = CountingQueue(LocalQueue(store.db), refuse_from=2)
-    told: list[str] = []  # what on_sent was told before the error: what went
     with pytest.raises(QueueError, match="refused"):
-        await submit_many(
-            store.db,
-            cast(WorkQueue, failing),
-            StepsTask(),
-            tasks,
-            resend_after_s=300,
-            on_sent=lambda settled: told.extend(d.key for d in settled),
-        )
+        await _submit_telling(store, failing, tasks, told := [])  # told: what went
     rows = TaskStore(store.db)
     kept = [n for n in range(25) if await rows.get("steps", f"k{n}") is not None]
     assert kept == list(range(10)) and _keys(failing.sends) == [f"k{n}" for n in range(10)]
@@ -145,16 +151,8 @@ async def test_what_the_queue_took_of_a_failed_call_stays(store: Any) -> None:
     only those rows are taken back; the rest stay, their messages queued."""
     queue = PartlyQueue(LocalQueue(store.db), refused=(1, 3))
     tasks: list[tuple[object, object, object]] = [(n + 1, None, f"k{n}") for n in range(10)]
-    told: list[str] = []  # on_sent is told what stays of the failed call: what went
-    with pytest.raises(QueueError):
-        await submit_many(
-            store.db,
-            cast(WorkQueue, queue),
-            StepsTask(),
-            tasks,
-            resend_after_s=300,
-            on_sent=lambda settled: told.extend(d.key for d in settled),
-        )
+    with pytest.raises(QueueError):  # told: what stays of the failed call, what went
+        await _submit_telling(store, queue, tasks, told := [])
     rows = TaskStore(store.db)
     kept = [n for n in range(10) if await rows.get("steps", f"k{n}") is not None]
     assert kept == [0, 2, *range(4, 10)] and told == [f"k{n}" for n in kept]
