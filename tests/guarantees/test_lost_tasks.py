@@ -365,10 +365,12 @@ def test_a_worker_runs_a_lost_task_its_entitys_later_task_waits_behind(sqlite_ur
     assert submitted.returncode == 0, submitted.stderr
     served = run_cli("worker", "--idle-exit", "4", "--json", env=env, timeout=120)
     assert served.returncode == 0, served.stderr
-    # by k2's consumer, or by the sweep of an empty queue when that comes first; either
-    # counts in requeued, once
-    assert "its message is sent again" in served.stderr
-    assert json.loads(served.stdout)["requeued"] == 1
+    # k1 by k2's consumer, or by the sweep of an empty queue when that comes first: once.
+    # k2's own message waits its turn hidden, which can outlast the 1 s allowed here; the
+    # sweep then sends k2 a twin (by design), which finds it done: each counts in requeued.
+    said = served.stderr
+    assert said.count("task 'k1' of job 'steps' was submitted but never started") == 1, said
+    assert json.loads(served.stdout)["requeued"] == said.count("its message is sent again")
     assert [r[1] for r in effects(sqlite_url)] == ["k1", "k2"]
 
 
