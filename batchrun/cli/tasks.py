@@ -43,15 +43,11 @@ async def submit_task(
     if not tasks:
         stderr.print(f"{job.name}: no tasks given: nothing queued", highlight=False)
         return 0
-    counts = {"queued": 0, "resent": 0, "before": 0}
-    keys: list[str] = []
 
     def show(settled: list[Submitted]) -> None:
-        for done in settled:
-            counts["resent" if done.resent else "queued" if done.queued else "before"] += 1
-            keys.append(done.key)
+        for one in settled:
             try:
-                print(json.dumps(done.as_json()) if as_json else done.key, flush=True)
+                print(json.dumps(one.as_json()) if as_json else one.key, flush=True)
             except BrokenPipeError:
                 # The reader went away (`| head -1`): the rest is queued all the same.
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -59,7 +55,7 @@ async def submit_task(
     try:
         async with open_backends(context.settings, queue=True, jobs=[job]) as backends:
             assert backends.queue is not None
-            await submit_many(
+            done = await submit_many(
                 backends.store.db,
                 backends.queue,
                 job,
@@ -71,19 +67,21 @@ async def submit_task(
         raise UsageError(str(exc)) from None
     if as_json:
         return 0
+    resent = [d for d in done if d.resent]
+    before = [d for d in done if not d.queued and not d.resent]
     if not single:
         stderr.print(
-            f"{job.name}: {_tasks(counts['queued'])} queued, {counts['before']} submitted"
-            f" before (nothing queued), {counts['resent']} sent again",
+            f"{job.name}: {_tasks(len(done) - len(resent) - len(before))} queued,"
+            f" {len(before)} submitted before (nothing queued), {len(resent)} sent again",
             highlight=False,
         )
-    elif counts["resent"]:
+    elif resent:
         stderr.print(
-            f"task {keys[0]} was submitted before but never started: sent again",
+            f"task {resent[0].key} was submitted before but never started: sent again",
             highlight=False,
         )
-    elif counts["before"]:
-        stderr.print(f"task {keys[0]} was submitted before: nothing queued", highlight=False)
+    elif before:
+        stderr.print(f"task {before[0].key} was submitted before: nothing queued", highlight=False)
     return 0
 
 
