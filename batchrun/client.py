@@ -93,7 +93,9 @@ class Client:
         """Queue many tasks of ``job``, each ``(entity_id, data)`` or ``(entity_id, data,
         key)``: what each became, in order (``key``, and ``queued`` False for a key
         submitted before). One statement a task and one queue call per ten, where
-        ``submit`` makes two statements and a queue call each.
+        ``submit`` makes two statements and a queue call each. A key submitted before
+        costs its statement too; the look for a lost message (three more) is taken only
+        for one never started and older than ``BATCHRUN_TASK_RESEND_S``.
 
         Raises ``BadTask`` before anything is queued when any task is bad, or its key was
         given for another entity. On a ``QueueError`` the tasks whose message was not

@@ -36,6 +36,26 @@ class TaskRow:
     retry_at: int | None = None  # a failed task starts again no earlier (server ms)
 
 
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What a key's row tells a resubmission of it: its entity, and whether its message
+    could look lost (``tasks/resend.py``). Times in server ms."""
+
+    entity_id: int
+    unstarted: bool  # pending and never started by any process
+    created_at: int
+    resent_at: int | None
+
+    def may_look_lost(self, cutoff: int) -> bool:
+        """Whether ``task_claim_resend`` could take it at ``cutoff``: never started,
+        submitted before ``cutoff`` and not sent again since."""
+        return (
+            self.unstarted
+            and self.created_at < cutoff
+            and (self.resent_at is None or self.resent_at < cutoff)
+        )
+
+
 class TaskStore:
     """Submissions and turns over batchrun's database; ``me`` fences every write."""
 
@@ -187,6 +207,13 @@ class TaskStore:
                 int(r[0]), int(r[1]), json.loads(r[2]), TaskState(int(r[3])), int(r[4]), _ms(r[6])
             )
             for r in rows
+        }
+
+    async def submitted_many(self, job: str, keys: list[str]) -> dict[str, Submission]:
+        """The submissions of ``keys`` that exist, by key, as a resubmission sees them."""
+        rows = await self.db.fetchall("task_submitted_many", job=job, keys=keys) if keys else []
+        return {
+            str(r[0]): Submission(int(r[1]), bool(int(r[2])), int(r[3]), _ms(r[4])) for r in rows
         }
 
     async def take_turns(

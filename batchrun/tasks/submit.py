@@ -12,7 +12,7 @@ from batchrun.job import Job
 from batchrun.queue.base import QueueMessage, WorkQueue
 from batchrun.task import BadTask, Task, checked
 from batchrun.tasks.resend import resend_if_lost
-from batchrun.tasks.store import TaskStore
+from batchrun.tasks.store import Submission, TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,9 @@ async def submit_many(
 ) -> list[Submitted]:
     """``submit`` for many tasks of one job, each ``(entity_id, data, key)``: what each
     became, in order. One statement a task and one queue call per ``SEND_BATCH`` tasks,
-    where ``submit`` one by one makes two statements and a queue call each.
+    where ``submit`` one by one makes two statements and a queue call each. A key
+    submitted before is a no-op for its statement alone unless its message could look lost
+    (``_settled``: one clock read per call of keys never started).
 
     All are checked before anything is written (BadTask), a key given for another entity
     before (or twice in the list, for two) included. Then ``SEND_BATCH`` at a time, in
@@ -99,7 +101,7 @@ async def submit_many(
     items = [checked(*task) for task in tasks]
     store = TaskStore(db)
     # One task is checked by its own insert, as it always was.
-    known = await _refuse_other_entities(store, job.name, items) if len(items) > 1 else set()
+    known = await _refuse_other_entities(store, job.name, items) if len(items) > 1 else {}
     await store.add_turns(job.name, list(dict.fromkeys(entity for entity, _, _ in items)))
     done: list[Submitted] = []
     for start in range(0, len(items), SEND_BATCH):
@@ -110,18 +112,18 @@ async def submit_many(
 
 async def _refuse_other_entities(
     store: TaskStore, job: str, items: list[tuple[int, str, str]]
-) -> set[str]:
+) -> dict[str, Submission]:
     """BadTask for a key given for two entities in ``items``, or submitted before for
     another entity: before anything is written or sent. The keys submitted before (for
-    the same entity)."""
+    the same entity), with what their rows tell."""
     entity_of: dict[str, int] = {}
     for entity, _, key in items:
         if entity_of.setdefault(key, entity) != entity:
             raise BadTask(f"task key {key!r} is given for entities {entity_of[key]} and {entity}")
     keys = list(entity_of)
-    known: set[str] = set()
+    known: dict[str, Submission] = {}
     for start in range(0, len(keys), KEYS_A_LOOKUP):
-        found = await store.get_many(job, keys[start : start + KEYS_A_LOOKUP])
+        found = await store.submitted_many(job, keys[start : start + KEYS_A_LOOKUP])
         for key, row in found.items():
             if row.entity_id != entity_of[key]:
                 raise BadTask(f"task key {key!r} was submitted for entity {row.entity_id}")
@@ -129,12 +131,36 @@ async def _refuse_other_entities(
     return known
 
 
+async def _settled(
+    store: TaskStore,
+    items: list[tuple[int, str, str]],
+    known: dict[str, Submission],
+    resend_after_s: float,
+) -> set[str]:
+    """The keys of ``items`` submitted before whose message cannot look lost now: started
+    once, submitted less than ``resend_after_s`` ago, or sent again since. A resubmission
+    of one is a no-op without the three statements of ``resend_if_lost``; one clock read
+    for the batch, and none when no key of it was never started.
+
+    The rows were read before the batch. Since then a row can only have started or been
+    sent again, which leave it settled, or have gone (withdrawn, pruned), when the batch's
+    insert adds it anew. A message can look lost by the batch's end that did not at its
+    clock read: a few milliseconds sooner than ``resend_if_lost``'s own read would tell."""
+    ours = [key for _, _, key in items if key in known]
+    settled = {key for key in ours if not known[key].unstarted}
+    unstarted = [key for key in ours if known[key].unstarted]
+    if unstarted:
+        cutoff = await store.db.clock_ms() - int(resend_after_s * 1000)
+        settled.update(key for key in unstarted if not known[key].may_look_lost(cutoff))
+    return settled
+
+
 async def _submit_batch(
     store: TaskStore,
     queue: WorkQueue,
     job: Task,
     items: list[tuple[int, str, str]],
-    known: set[str],
+    known: dict[str, Submission],
     resend_after_s: float,
     on_sent: Callable[[list[Submitted]], None] | None,
 ) -> list[Submitted]:
@@ -144,10 +170,13 @@ async def _submit_batch(
     done: list[Submitted] = []
     unsent: list[Submitted] = []  # recorded here, their messages not yet sent
     try:
+        settled = await _settled(store, items, known, resend_after_s) if known else set()
         for entity, text, task_key in items:
             if await store.add(job.name, entity, task_key, text):
                 done.append(Submitted(job.name, entity, task_key, queued=True))
                 unsent.append(done[-1])
+            elif task_key in settled:
+                done.append(Submitted(job.name, entity, task_key, queued=False))
             else:
                 done.append(
                     await _known(

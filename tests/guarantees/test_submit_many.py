@@ -160,6 +160,48 @@ async def test_what_the_queue_took_of_a_failed_call_stays(store: Any) -> None:
     assert sorted(json.loads(b)["key"] for b in queued) == [f"k{n}" for n in kept]
 
 
+async def test_a_resubmission_looks_for_lost_messages_only_where_one_could_be(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same tasks submitted again: a key submitted moments ago, or started once, is a
+    no-op for its insert alone, with one clock read per queue call of keys never started;
+    only a key that looks lost (never started, old) goes through the resend's look, and
+    its message is sent again."""
+    steps, rows = StepsTask(), TaskStore(store.db)
+    tasks: list[tuple[object, object, object]] = [(n % 3 + 1, {"n": n}, f"k{n}") for n in range(12)]
+    await submit_many(store.db, LocalQueue(store.db), steps, tasks, resend_after_s=60)
+    assert await rows.submit("steps", 4, "lost", "{}")  # its submitter died before sending
+    await store.db.execute_sql(
+        "UPDATE batchrun_entity_task SET created_at = created_at - 3600000"
+        " WHERE task_key IN ('lost', 'k0')",
+        (),
+    )
+    started = await rows.get("steps", "k0")  # old as well, but it ran once
+    assert started is not None and await rows.start(started.id, "A", 30.0)
+    await rows.release(started.id, "A")
+    looks: list[str] = []
+    clock, claim = store.db.clock_ms, TaskStore.claim_resend
+
+    async def clock_read() -> int:
+        looks.append("clock")
+        return cast(int, await clock())
+
+    async def claimed(self: TaskStore, job: str, key: str, now: int, cutoff: int) -> bool:
+        looks.append(f"claim {key}")
+        return await claim(self, job, key, now, cutoff)
+
+    monkeypatch.setattr(store.db, "clock_ms", clock_read)
+    monkeypatch.setattr(TaskStore, "claim_resend", claimed)
+    again = CountingQueue(LocalQueue(store.db))
+    done = await submit_many(
+        store.db, cast(WorkQueue, again), steps, [*tasks, (4, None, "lost")], resend_after_s=60
+    )
+    assert [(d.key, d.queued) for d in done if d.queued] == [("lost", True)]
+    assert done[-1].resent and _keys(again.sends) == ["lost"]
+    # A read per queue call (k1-k9; k10, k11 and lost), and the resend's own for lost.
+    assert looks == ["clock", "clock", "clock", "claim lost"], looks
+
+
 async def test_a_key_of_another_entity_queues_none_of_the_batch(store: Any) -> None:
     queue = CountingQueue(LocalQueue(store.db))
     steps = StepsTask()

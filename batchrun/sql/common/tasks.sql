@@ -107,6 +107,14 @@ WHERE job = :job GROUP BY state;
 -- A batch of messages claims its entities' first tasks in a few statements, whatever
 -- its size (pipeline/task_claim.py): the same conditions as the one-task statements.
 
+-- name: task_submitted_many
+-- What a resubmission of these keys must know (tasks/submit.py): each one's entity, whether
+-- it was ever started (one never started may look lost), when it was submitted and when
+-- last sent again.
+SELECT task_key, entity_id, CASE WHEN state = 0 AND started_at IS NULL THEN 1 ELSE 0 END,
+  created_at, resent_at
+FROM batchrun_entity_task WHERE job = :job AND task_key IN :keys*;
+
 -- name: task_get_many
 SELECT id, entity_id, data, state, attempts, task_key, retry_at
 FROM batchrun_entity_task WHERE job = :job AND task_key IN :keys*;
