@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
+from batchrun.chunks import chunks
 from batchrun.db.base import Row, now_ms
 from batchrun.mail.address import address_key
 
@@ -91,8 +92,7 @@ class SuppressionList:
             by_key.setdefault(address_key(address), []).append(address)
         keys = [k for k in by_key if storable_key(k)]
         found: dict[str, str] = {}
-        for start in range(0, len(keys), _LOOKUP_CHUNK):
-            chunk = keys[start : start + _LOOKUP_CHUNK]
+        for chunk in chunks(keys, _LOOKUP_CHUNK):
             for key, reason in await self.db.fetchall("suppression_of", addresses=chunk):
                 for address in by_key.get(str(key), ()):
                     found[address] = str(reason)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from batchrun.chunks import chunks
 from batchrun.errors import UsageError
 from batchrun.job import Job
 from batchrun.period import Period
@@ -68,6 +69,6 @@ async def queue_entities(
             "(not eligible for this period); nothing queued"
         )
     bodies = [QueueMessage("task", job.name, str(period), entity_id=i).to_json() for i in ids]
-    for start in range(0, len(bodies), SEND_BATCH):
-        await queue.send(bodies[start : start + SEND_BATCH])
+    for batch in chunks(bodies, SEND_BATCH):
+        await queue.send(batch)
     return len(bodies)

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from batchrun.chunks import chunks
 from batchrun.db.base import Database, Row, now_ms
 from batchrun.errors import DatabaseError, QueueError, UsageError
 from batchrun.queue.base import Received
@@ -119,8 +120,8 @@ class LocalQueue:
         moved: list[DeadLetter] = []
         if ids is not None:
             wanted = sorted({_row_id(i) for i in ids})
-            for start in range(0, len(wanted), DEAD_PAGE):
-                rows = await self.db.fetchall("dead_by_ids", ids=wanted[start : start + DEAD_PAGE])
+            for some in chunks(wanted, DEAD_PAGE):
+                rows = await self.db.fetchall("dead_by_ids", ids=some)
                 moved.extend(await self._redrive([_letter(r) for r in rows], revive))
             return moved
         after = 0

@@ -18,6 +18,7 @@ from typing import Any
 import aioboto3
 from aiobotocore.config import AioConfig
 
+from batchrun.chunks import chunks
 from batchrun.errors import QueueError
 from batchrun.queue.base import Received
 from batchrun.queue.sqs_dlq import SqsDeadLetters
@@ -296,8 +297,7 @@ class SqsQueue(SqsDeadLetters):
         if not items:
             return
         await self.open()
-        for start in range(0, len(items), BATCH):
-            chunk = items[start : start + BATCH]
+        for chunk in chunks(items, BATCH):
             entries = [{"Id": str(i), "ReceiptHandle": it.receipt} for i, it in enumerate(chunk)]
             with self._mapped("delete from"):
                 response = await self._client.delete_message_batch(

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from batchrun.chunks import chunks
 from batchrun.errors import QueueError
 from batchrun.queue.base import Received
 from batchrun.queue.dead import DeadLetter, Revive
@@ -125,7 +126,7 @@ class SqsDeadLetters:
 
     async def _show(self, dlq: str, messages: Sequence[dict[str, Any]]) -> None:
         """Make received DLQ messages visible again now."""
-        for batch in _chunks(list(messages)):
+        for batch in chunks(list(messages), BATCH):
             entries = [
                 {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
                 for i, m in enumerate(batch)
@@ -220,8 +221,3 @@ def _letter(message: dict[str, Any]) -> DeadLetter:
         receives,
         int(sent) if sent else None,
     )
-
-
-def _chunks(items: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
-    for start in range(0, len(items), BATCH):
-        yield items[start : start + BATCH]

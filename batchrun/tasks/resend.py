@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 
+from batchrun.chunks import chunks
 from batchrun.queue.base import QueueMessage, WorkQueue
 from batchrun.tasks.store import TaskStore
 
@@ -97,8 +98,8 @@ class LostTaskSweep:
             now = await self.store.db.clock_ms()
             cutoff = now - int(self.after_s * 1000)
             lost: dict[int, str] = {}
-            for at in range(0, len(waiting), LOOK_CHUNK):
-                lost |= await self.store.lost_firsts(job, waiting[at : at + LOOK_CHUNK], cutoff)
+            for some in chunks(waiting, LOOK_CHUNK):
+                lost |= await self.store.lost_firsts(job, some, cutoff)
             for entity, key in lost.items():
                 if key in present or not await self.store.claim_resend(job, key, now, cutoff):
                     continue

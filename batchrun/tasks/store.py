@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from batchrun.chunks import chunks
 from batchrun.db.base import Database, now_ms
 
 TURNS_A_STATEMENT = 500  # entities whose turn rows one statement adds
@@ -70,10 +71,8 @@ class TaskStore:
 
     async def add_turns(self, job: str, entities: Sequence[int]) -> None:
         """The turn rows of ``entities`` (their tasks' order), where there are none yet."""
-        for start in range(0, len(entities), TURNS_A_STATEMENT):
-            rows = [
-                (job, entity, None, 0) for entity in entities[start : start + TURNS_A_STATEMENT]
-            ]
+        for some in chunks(entities, TURNS_A_STATEMENT):
+            rows = [(job, entity, None, 0) for entity in some]
             await self.db.execute("turn_insert", rows=rows)
 
     async def add(self, job: str, entity_id: int, key: str, data: str) -> bool:

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from batchrun.chunks import chunks
 from batchrun.db.base import Database
 from batchrun.errors import QueueError
 from batchrun.job import Job
@@ -104,8 +105,7 @@ async def submit_many(
     known = await _refuse_other_entities(store, job.name, items) if len(items) > 1 else {}
     await store.add_turns(job.name, list(dict.fromkeys(entity for entity, _, _ in items)))
     done: list[Submitted] = []
-    for start in range(0, len(items), SEND_BATCH):
-        batch = items[start : start + SEND_BATCH]
+    for batch in chunks(items, SEND_BATCH):
         done += await _submit_batch(store, queue, job, batch, known, resend_after_s, on_sent)
     return done
 
@@ -122,8 +122,8 @@ async def _refuse_other_entities(
             raise BadTask(f"task key {key!r} is given for entities {entity_of[key]} and {entity}")
     keys = list(entity_of)
     known: dict[str, Submission] = {}
-    for start in range(0, len(keys), KEYS_A_LOOKUP):
-        found = await store.submitted_many(job, keys[start : start + KEYS_A_LOOKUP])
+    for some in chunks(keys, KEYS_A_LOOKUP):
+        found = await store.submitted_many(job, some)
         for key, row in found.items():
             if row.entity_id != entity_of[key]:
                 raise BadTask(f"task key {key!r} was submitted for entity {row.entity_id}")
