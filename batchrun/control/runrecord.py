@@ -167,11 +167,18 @@ class RunRecord:
         stopped: str | None = None,
         error: str | None = None,
     ) -> int:
-        """End the row and tell the webhook; return ``exit_code`` unchanged."""
+        """End the row and tell the webhook; return ``exit_code`` unchanged. A summary
+        that ended on an error (``counts["error"]``: the bug threshold) gives the row's
+        ``error`` when none is given."""
         self._stop_beat()
         if self.ended or self.run_id is None:
             return exit_code
         self.ended = True
+        if error is None and counts is not None and isinstance(counts.get("error"), str):
+            settings = self.rt.settings
+            error = mask_text(
+                counts["error"], settings.db_url, settings.mail_url, settings.retry_queue_url
+            )
         outcome = outcome_of(exit_code, stopped)
         await self.history.end(
             self.run_id, exit_code=exit_code, outcome=outcome, counts=counts, error=error

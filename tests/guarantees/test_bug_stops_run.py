@@ -97,6 +97,9 @@ def test_a_keyerror_in_process_stops_after_ten(db_url: str, tmp_path: Path) -> N
     assert queued(db_url) == touched(db_url), "those entities queued once"
     assert data["left_pending"] > 0 and data["queued_for_retry"] == 10
     assert sent(tmp_path) == 0
+    [run] = json.loads(run_cli("runs", "note", "--json", env=env).stdout)
+    assert (run["outcome"], run["exit_code"]) == ("failed", 1)
+    assert run["error"] == data["error"]  # the history row says why, as the summary does
 
 
 def test_an_undefined_template_variable_stops_after_ten(db_url: str, tmp_path: Path) -> None:
