@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
-from batchrun.db.base import Database, Row, now_ms
+from batchrun.db.base import Database, Row
 
 Kind = Literal["run", "retry", "worker", "lambda", "events"]
 Outcome = Literal["ok", "retrying", "failed", "stopped", "cancelled", "crashed", "running"]
@@ -123,23 +123,25 @@ class History:
     """Reads and writes ``batchrun_run`` over a Database.
 
     ``lease_s`` is how long a heartbeat stays good: a 'running' row whose last heartbeat
-    is older reads 'crashed'.
+    is older reads 'crashed'. Its times are on the database server's clock, as the
+    leases' are: hosts whose clocks differ by minutes see the same runs alive.
     """
 
     def __init__(self, db: Database, *, lease_s: float) -> None:
         self.db = db
         self.lease_ms = int(lease_s * 1000)
 
-    def _stale(self) -> int:
-        return now_ms() - self.lease_ms
+    async def _stale(self) -> int:
+        return await self.db.clock_ms() - self.lease_ms
 
     async def start(self, *, kind: Kind, job: str | None, period: str | None) -> int:
         """Insert a 'running' row for this process; return its id. Rows of dead runs are
         marked 'crashed' first."""
         from batchrun import __version__  # not at import: batchrun imports the runtime
 
-        await self.db.execute("run_mark_crashed", stale=self._stale())
-        host, pid, now = socket.gethostname()[:255], os.getpid(), now_ms()
+        now = await self.db.clock_ms()
+        await self.db.execute("run_mark_crashed", stale=now - self.lease_ms)
+        host, pid = socket.gethostname()[:255], os.getpid()
         params = {"host": host, "pid": pid, "kind": kind, "now": now}
         await self.db.execute(
             "run_insert", job=job, period=period, version=__version__[:32], **params
@@ -148,7 +150,8 @@ class History:
 
     async def beat(self, run_id: int, counts: dict[str, Any] | None) -> None:
         """Renew the row's heartbeat, with the counts so far."""
-        await self.db.execute("run_beat", id=run_id, now=now_ms(), counts=_dump(counts))
+        now = await self.db.clock_ms()
+        await self.db.execute("run_beat", id=run_id, now=now, counts=_dump(counts))
 
     async def end(
         self,
@@ -163,7 +166,7 @@ class History:
         await self.db.execute(
             "run_end",
             id=run_id,
-            now=now_ms(),
+            now=await self.db.clock_ms(),
             exit_code=exit_code,
             outcome=outcome,
             counts=_dump(counts),
@@ -174,7 +177,7 @@ class History:
         self, job: str | None = None, *, since_ms: int = 0, limit: int = 50
     ) -> list[RunRow]:
         """Rows started at or after ``since_ms``, newest first (of ``job`` only, if given)."""
-        params = {"since": since_ms, "limit": min(limit, NO_LIMIT), "stale": self._stale()}
+        params = {"since": since_ms, "limit": min(limit, NO_LIMIT), "stale": await self._stale()}
         if job is None:
             rows = await self.db.fetchall("runs_all", **params)
         else:
@@ -185,33 +188,36 @@ class History:
         """A task job's runs started at or after ``since_ms``, newest first: its own, and
         those serving every job (``SERVING``), which run its tasks."""
         params = {"job": job, "since": since_ms, "limit": min(limit, NO_LIMIT)}
-        params["stale"] = self._stale()
+        params["stale"] = await self._stale()
         return [RunRow.of(r) for r in await self.db.fetchall("runs_serving_job", **params)]
 
     async def last_serving(self, job: str) -> RunRow | None:
         """A task job's newest run that is over (ended or crashed): its own, or one of
         those serving every job (``SERVING``)."""
-        row = await self.db.fetchone("run_last_serving_job", job=job, stale=self._stale())
+        row = await self.db.fetchone("run_last_serving_job", job=job, stale=await self._stale())
         return RunRow.of(row) if row is not None else None
 
     async def get(self, run_id: int) -> RunRow | None:
         """One row by id."""
-        row = await self.db.fetchone("run_get", id=run_id, stale=self._stale())
+        row = await self.db.fetchone("run_get", id=run_id, stale=await self._stale())
         return RunRow.of(row) if row is not None else None
 
     async def running(self) -> list[RunRow]:
         """The rows whose process is alive (its heartbeat within the lease), newest first."""
-        return [RunRow.of(r) for r in await self.db.fetchall("runs_running", stale=self._stale())]
+        return [
+            RunRow.of(r) for r in await self.db.fetchall("runs_running", stale=await self._stale())
+        ]
 
     async def last_per_job(self) -> dict[str, RunRow]:
         """Each job's newest run that is over (ended or crashed)."""
-        rows = await self.db.fetchall("runs_last_per_job", stale=self._stale())
+        rows = await self.db.fetchall("runs_last_per_job", stale=await self._stale())
         return {str(r.job): r for r in map(RunRow.of, rows)}
 
     async def stale_claims(self, *, job: str, period: str) -> int:
         """Entities of the period claimed by a run that stopped or died, not finished."""
+        now = await self.db.clock_ms()  # the leases' clock
         return int(
-            await self.db.fetchval("ledger_stale_claims", job=job, period=period, now=now_ms()) or 0
+            await self.db.fetchval("ledger_stale_claims", job=job, period=period, now=now) or 0
         )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchrun.db.base import Database, now_ms
+from batchrun.db.base import Database
 
 BATCH = 1000  # rows a statement
 
@@ -37,7 +37,7 @@ async def prune(
     ``tasks_before`` (epoch ms; None: none of them). A run whose heartbeat is within
     ``lease_s`` is alive, whatever the cutoff; each job's newest run of each kind and
     outcome is kept."""
-    stale = {"stale": now_ms() - int(lease_s * 2000)}
+    stale = {"stale": await db.clock_ms() - int(lease_s * 2000)}  # heartbeats' clock
     runs = 0 if runs_before is None else await _prune(db, "runs", runs_before, dry_run, stale)
     tasks = 0 if tasks_before is None else await _prune(db, "tasks", tasks_before, dry_run, {})
     return Pruned(runs, tasks)

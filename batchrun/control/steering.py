@@ -13,18 +13,22 @@ reads the rows at its heartbeat (``Steering.refresh``), whichever host it is on:
   finish, the rest are left pending, exit 130, ``"stopped": "cancelled"``); a run that
   starts later is not affected.
 
-Times are epoch ms on each host's clock, as the leases' are.
+Times are epoch ms on the database server's clock, as the leases' are: a cancel given on
+a host whose clock is minutes off stops the runs going on when it was given, no more and
+no fewer. A steered run's start is its host's monotonic clock, put on the server's at each
+refresh.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from batchrun.control.history import CANCELLED
-from batchrun.db.base import Database, now_ms
+from batchrun.db.base import Database
 from batchrun.pipeline.engine import StopToken
 
 if TYPE_CHECKING:
@@ -56,23 +60,28 @@ class Controls:
     async def pause(self, job: str, period: str | None = None, reason: str | None = None) -> None:
         text = (reason or "")[:MAX_REASON_CHARS] or None
         await self.db.execute(
-            "control_pause", job=job, period=period or EVERY_PERIOD, reason=text, now=now_ms()
+            "control_pause",
+            job=job,
+            period=period or EVERY_PERIOD,
+            reason=text,
+            now=await self.db.clock_ms(),
         )
 
     async def resume(self, job: str, period: str | None = None) -> bool:
         """Clear the pause (of one period, or of every period of the job); whether one was
         cleared."""
+        now = await self.db.clock_ms()
         if period is None:
-            changed = await self.db.execute("control_resume_job", job=job, now=now_ms())
+            changed = await self.db.execute("control_resume_job", job=job, now=now)
         else:
             changed = await self.db.execute(
-                "control_resume_period", job=job, period=period, now=now_ms()
+                "control_resume_period", job=job, period=period, now=now
             )
         return changed > 0
 
     async def cancel(self, job: str, period: str | None = None) -> None:
         await self.db.execute(
-            "control_cancel", job=job, period=period or EVERY_PERIOD, now=now_ms()
+            "control_cancel", job=job, period=period or EVERY_PERIOD, now=await self.db.clock_ms()
         )
 
     async def rows(self) -> list[Control]:
@@ -95,11 +104,12 @@ def _matches(row: Control, job: str, period: str | None) -> bool:
 
 class Steering:
     """A process's view of the control rows, refreshed at its heartbeat, and the work
-    it steers: the stop tokens of what runs now, each with the time it started."""
+    it steers: the stop tokens of what runs now, each with the time it started (this
+    host's monotonic clock)."""
 
     def __init__(self) -> None:
         self._rows: list[Control] = []
-        self._steered: dict[int, tuple[StopToken, str | None, str | None, int, set[Scope]]] = {}
+        self._steered: dict[int, tuple[StopToken, str | None, str | None, float, set[Scope]]] = {}
         self._was_paused: set[tuple[str, str]] = set()
         self.on_change: Callable[[], None] | None = None  # a pause began or ended
 
@@ -125,7 +135,8 @@ class Steering:
         job (``job`` and ``period``, or any of the live set ``scopes``); return a function
         that ends this."""
         key = id(stop)
-        self._steered[key] = (stop, job, period, now_ms(), scopes if scopes is not None else set())
+        started = time.monotonic()
+        self._steered[key] = (stop, job, period, started, scopes if scopes is not None else set())
 
         def done() -> None:
             self._steered.pop(key, None)
@@ -135,18 +146,20 @@ class Steering:
     async def refresh(self, db: Database) -> None:
         """Read the control rows; stop what a new cancel names; tell ``on_change``."""
         self._rows = await Controls(db).rows()
-        for stop, job, period, since, scopes in list(self._steered.values()):
-            if stop.stopping:
-                continue
-            named = [(job, period)] if job is not None else []
-            named += [(s.job, s.period) for s in scopes]
-            for row in self._rows:
-                if row.cancelled_at is None or row.cancelled_at < since:
-                    continue
-                if any(j is not None and _matches(row, j, p) for j, p in named):
-                    log.warning("cancelled: %s %s", row.job, row.period or "(every period)")
-                    stop.request(CANCELLED)
-                    break
+        cancels = [row for row in self._rows if row.cancelled_at is not None]
+        if cancels and self._steered:
+            # The server's time now, less how long ago (on this host) each run started.
+            clock, monotonic = await db.clock_ms(), time.monotonic()
+            for stop, job, period, started, scopes in list(self._steered.values()):
+                since = clock - int((monotonic - started) * 1000)
+                named = [(job, period)] if job is not None else []
+                named += [(s.job, s.period) for s in scopes]
+                for row in cancels:
+                    if stop.stopping or (row.cancelled_at or 0) < since:
+                        continue
+                    if any(j is not None and _matches(row, j, p) for j, p in named):
+                        log.warning("cancelled: %s %s", row.job, row.period or "(every period)")
+                        stop.request(CANCELLED)
         now_paused = {(r.job, r.period) for r in self._rows if r.paused}
         if now_paused != self._was_paused:
             self._was_paused = now_paused

@@ -28,6 +28,7 @@ from support.smtp_server import SmtpTestServer
 CONCURRENCY = 10
 USERS = 7200  # about 600 born in June
 SKEW = "+16s"  # the default lease is 15 s
+SLOW_RUN = ("--concurrency", "2", "--json")
 
 pytestmark = pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime")
 
@@ -108,3 +109,64 @@ def test_a_second_run_on_a_host_16s_ahead_takes_no_live_claim(
     assert duplicates <= CONCURRENCY, f"{duplicates} duplicate emails > --concurrency"
     assert_one_card_each(db_url, want)
     assert summary_a["emails_sent"] + summary_b["emails_sent"] == len(want) + duplicates
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("server", ["mysql", "postgresql"])
+def test_hosts_a_minute_apart_see_a_run_alive_and_can_cancel_it(
+    request: pytest.FixtureRequest, smtp_server: SmtpTestServer, server: str
+) -> None:
+    """A run's history row and a cancel are on the server's clock too: a host a minute
+    ahead that starts a drain does not mark the live run 'crashed', nor reads it so; a
+    cancel given on a host a minute behind stops it (on each host's clock, the first was
+    marked crashed and the cancel, older than the run's start, was ignored)."""
+    db_url = str(request.getfixturevalue("postgres_url" if server == "postgresql" else "mysql_url"))
+    env = env_for(db_url, smtp_server.url)
+    env["BATCHRUN_LEASE_S"] = "3"  # a heartbeat, and a look at the control rows, each second
+    plain = {k: v for k, v in env.items() if k.startswith("BATCHRUN_")}
+    for step in (("db", "migrate"), ("db", "seed", "--users", "2400", "--seed", "21")):
+        done = run_cli(*step, env=plain)
+        assert done.returncode == 0, done.stderr
+    smtp_server.set_latency(0.1)  # about 20 emails/s at concurrency 2: a run of ~10 s
+    run = subprocess.Popen(
+        [sys.executable, "-m", "batchrun", "birthday", "--month", "2025-06", *SLOW_RUN],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def cli(skew: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+        prefix = ["faketime", "-f", skew] if skew else []
+        return subprocess.run(
+            [*prefix, sys.executable, "-m", "batchrun", *args],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    def birthday_run(skew: str | None) -> dict[str, Any]:
+        listed = cli(skew, "runs", "birthday", "--json")
+        assert listed.returncode == 0, listed.stderr
+        [row] = [r for r in json.loads(listed.stdout) if r["kind"] == "run"]
+        return dict(row)
+
+    deadline = time.monotonic() + 30
+    while len(smtp_server.messages) < 5 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert run.poll() is None and len(smtp_server.messages) >= 5, "the run is under way"
+    drained = cli("+60s", "retry", "--json")  # a start: it marks dead runs' rows crashed
+    assert drained.returncode == 0, drained.stderr
+    assert birthday_run(None)["outcome"] == "running"
+    assert birthday_run("+60s")["outcome"] == "running"
+    cancelled = cli("-60s", "cancel", "birthday", "--period", "2025-06")
+    assert cancelled.returncode == 0, cancelled.stderr
+    code, summary, err = finish(run)
+    assert code == 130 and summary["stopped"] == "cancelled", f"{code} {summary} {err}"
+    assert summary["left_pending"] > 0, "stopped before the month was done"
+    ended = birthday_run(None)
+    assert (ended["outcome"], ended["exit_code"]) == ("cancelled", 130)
