@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from batchrun.chunks import chunks
-from batchrun.db.base import Database, Row, now_ms
+from batchrun.db.base import Database, Row
+from batchrun.db.clock import server_clock
 from batchrun.errors import DatabaseError, QueueError, UsageError
 from batchrun.queue.base import Received
 
@@ -18,10 +19,13 @@ DEAD_PAGE = 500  # dead rows read (and redriven) per statement
 
 
 class LocalQueue:
-    """A queue table: receive hides a batch under a fresh receipt in one statement."""
+    """A queue table: receive hides a batch under a fresh receipt in one statement. Its
+    times are on the database server's clock (``db/clock.py``): a message one host sends
+    is visible to every other at once, and hidden for as long as it should be."""
 
     def __init__(self, db: Database, *, max_receives: int = 5) -> None:
         self.db = db
+        self.clock = server_clock(db)
         self.url = f"table batchrun_queue in {db.url}"
         self.max_receives = max_receives
 
@@ -42,20 +46,20 @@ class LocalQueue:
 
     async def send(self, bodies: Sequence[str], *, delay_s: float = 0.0) -> None:
         if bodies:
-            now = now_ms()
+            now = await self.clock.now_ms()
             visible_at = now + max(0, int(delay_s * 1000))
             rows = [(body, visible_at, 0, 0, None, now) for body in bodies]
             await self.db.execute("queue_send", rows=rows)
 
     async def send_dead(self, bodies: Sequence[tuple[str, str]]) -> None:
         if bodies:
-            now = now_ms()
+            now = await self.clock.now_ms()
             rows = [(body, now, 0, 1, reason[:500], now) for body, reason in bodies]
             await self.db.execute("queue_send", rows=rows)
 
     async def receive(self, *, max_messages: int, visibility_s: float) -> list[Received]:
         receipt = uuid.uuid4().hex
-        now = now_ms()
+        now = await self.clock.now_ms()
         changed = await self.db.execute(
             "queue_receive",
             receipt=receipt,
@@ -79,7 +83,7 @@ class LocalQueue:
         await self.db.execute(
             "queue_change_visibility",
             id=int(item.message_id),
-            visible_at=now_ms() + int(delay_s * 1000),
+            visible_at=await self.clock.now_ms() + int(delay_s * 1000),
         )
 
     async def give_back(self, item: Received, body: str, delay_s: float) -> bool:
@@ -90,7 +94,7 @@ class LocalQueue:
             "queue_give_back",
             id=int(item.message_id),
             body=body,
-            visible_at=now_ms() + int(delay_s * 1000),
+            visible_at=await self.clock.now_ms() + int(delay_s * 1000),
         )
         return False
 
@@ -134,7 +138,9 @@ class LocalQueue:
         if letters:
             await revive(letters)
             await self.db.execute(
-                "dead_redrive", ids=[int(letter.id) for letter in letters], now=now_ms()
+                "dead_redrive",
+                ids=[int(letter.id) for letter in letters],
+                now=await self.clock.now_ms(),
             )
         return letters
 

@@ -16,9 +16,9 @@ sender each period, however many look.
 A message that was only slow (a deep queue, or a batch that ran a long task) gets a
 twin. The row still runs once, and the twin finds it done (deleted) or running (it waits
 its turn); should the task fail, the twin waits for its retry time (``retry_at``) as a
-duplicate delivery by SQS does. The age is told on the database's clock from
-``created_at``, which the submitter's clock wrote: a submitter whose clock is minutes off
-makes its lost tasks look lost that much sooner (a twin more) or later.
+duplicate delivery by SQS does. The age is told on the database's clock, from a
+``created_at`` written on it too (``db/clock.py``): a submitter whose clock is minutes off
+makes its tasks look lost neither sooner nor later.
 """
 
 from __future__ import annotations

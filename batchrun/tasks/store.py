@@ -10,7 +10,8 @@ from enum import IntEnum
 from typing import Any
 
 from batchrun.chunks import chunks
-from batchrun.db.base import Database, now_ms
+from batchrun.db.base import Database
+from batchrun.db.clock import server_clock
 
 TURNS_A_STATEMENT = 500  # entities whose turn rows one statement adds
 
@@ -62,6 +63,9 @@ class TaskStore:
 
     def __init__(self, db: Database, run_id: int | None = None) -> None:
         self.db = db
+        # Submission and end times on the server's clock, which a lost task's age and the
+        # leases are told on: a submitter whose clock is minutes off adds no twin.
+        self.clock = server_clock(db)
         self.run_id = run_id  # the batchrun_run row a start records (``why`` names it)
 
     async def submit(self, job: str, entity_id: int, key: str, data: str) -> bool:
@@ -79,7 +83,12 @@ class TaskStore:
         """The submission's row, once its entity's turn row is there (``add_turns``);
         False when its key was already submitted (nothing changes)."""
         added = await self.db.execute(
-            "task_insert", job=job, key=key, entity_id=entity_id, data=data, now=now_ms()
+            "task_insert",
+            job=job,
+            key=key,
+            entity_id=entity_id,
+            data=data,
+            now=await self.clock.now_ms(),
         )
         return added > 0
 
@@ -183,7 +192,7 @@ class TaskStore:
             me=me,
             state=int(state),
             error=None if error is None else error[:500],
-            now=now_ms(),
+            now=await self.clock.now_ms(),
             retry_at=retry_at,
         )
         return done > 0
@@ -247,7 +256,7 @@ class TaskStore:
         (the others' lease was lost)."""
         if not ids:
             return set()
-        now = now_ms()
+        now = await self.clock.now_ms()
         done = await self.db.execute("task_finish_many", ids=ids, me=me, state=int(state), now=now)
         if done >= len(ids):
             return set(ids)
@@ -271,7 +280,7 @@ class TaskStore:
             if int(state) == TaskState.PENDING and first is not None:
                 oldest = int(first)
         counts["oldest_pending_s"] = (
-            None if oldest is None else round(max(0, now_ms() - oldest) / 1000, 1)
+            None if oldest is None else round(max(0, await self.clock.now_ms() - oldest) / 1000, 1)
         )
         return counts
 

@@ -24,6 +24,7 @@ from support.birthday import want_ids
 from support.checks import assert_one_card_each
 from support.cli import run_cli
 from support.smtp_server import SmtpTestServer
+from support.tasks import effects, migrate_task_jobs
 
 CONCURRENCY = 10
 USERS = 7200  # about 600 born in June
@@ -170,3 +171,38 @@ def test_hosts_a_minute_apart_see_a_run_alive_and_can_cancel_it(
     assert summary["left_pending"] > 0, "stopped before the month was done"
     ended = birthday_run(None)
     assert (ended["outcome"], ended["exit_code"]) == ("cancelled", 130)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("server", ["mysql", "postgresql"])
+def test_tasks_submitted_on_hosts_a_minute_apart_run_at_once_and_age_alike(
+    request: pytest.FixtureRequest, server: str
+) -> None:
+    """The table queue's times and a task's submission time are on the server's clock: a
+    task submitted on a host a minute ahead is run at once by a worker on another host (on
+    each host's clock its message stayed hidden for that minute), and one submitted on a
+    host a minute behind does not look lost, and get sent twice, as soon as it is there."""
+    db_url = str(request.getfixturevalue("postgres_url" if server == "postgresql" else "mysql_url"))
+    env = {**migrate_task_jobs(db_url), "BATCHRUN_TASK_RESEND_S": "30"}
+
+    def cli(skew: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+        prefix = ["faketime", "-f", skew] if skew else []
+        return subprocess.run(
+            [*prefix, sys.executable, "-m", "batchrun", *args],
+            env={**os.environ, **env},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    ahead = cli("+60s", "submit", "steps", "--id", "1", "--key", "a1")
+    behind = cli("-60s", "submit", "steps", "--id", "2", "--key", "b1")
+    assert (ahead.returncode, behind.returncode) == (0, 0), ahead.stderr + behind.stderr
+    again = cli(None, "submit", "steps", "--id", "2", "--key", "b1", "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["queued"] is False, "b1 is 0 s old, not 60: not lost"
+    served = cli(None, "worker", "--idle-exit", "1", "--json")
+    assert served.returncode == 0, served.stderr
+    assert sorted(str(row[1]) for row in effects(db_url)) == ["a1", "b1"]
