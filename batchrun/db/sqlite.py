@@ -11,7 +11,7 @@ import aiosqlite
 
 from batchrun.db.base import Database, Row
 from batchrun.db.sql import Queries, Statement
-from batchrun.errors import ConfigError, DatabaseError, NotMigratedError
+from batchrun.errors import ConfigError, DatabaseError, LockTimeoutError, NotMigratedError
 
 
 def sqlite_path(url: str) -> str:
@@ -81,6 +81,10 @@ class SQLiteDatabase(Database):
                     f"database {self.url} is missing batchrun's tables ({exc}): "
                     "run `batchrun db migrate`"
                 ) from exc
+            if "database is locked" in str(exc) or "database table is locked" in str(exc):
+                # Another connection's write transaction outlasted the busy timeout: a
+                # lock wait, gone through again by those who go through MySQL's (1205).
+                raise LockTimeoutError(f"database {self.url}: {exc}") from exc
             raise DatabaseError(f"database {self.url}: {exc}") from exc
         except (sqlite3.Error, ValueError, OverflowError) as exc:
             raise DatabaseError(f"database {self.url}: {exc}") from exc

@@ -5,6 +5,9 @@
   cannot renew and fences the claims, the outcome write waits and goes again, and the run
   ends with exit 0 or 3 and its JSON summary, no traceback (it exited 1 after 22 s with
   five tracebacks and nothing on stdout).
+- On SQLite, another connection holds the file's write lock (``BEGIN IMMEDIATE``) for
+  12 s, past the 5 s busy timeout: exit 0 or 3, the month done (it exited 1 on "database
+  is locked").
 - PostgreSQL backends terminated every 0.3 s (``pg_terminate_backend``) during a run: exit
   0 or 3, no traceback, and the month completes after a rerun and a retry (3 of 4 runs
   ended with exit 1 and asyncpg's ``InternalClientError: cannot switch to state``).
@@ -13,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import threading
 import time
@@ -21,7 +25,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from support.birthday import eligible_ids, want_ids
-from support.checks import assert_month_complete
+from support.checks import assert_month_complete, assert_one_card_each
 from support.cli import cli_env, run_cli, spawn, wait_until
 from support.db import mysql_connect, pg_connect, query
 from support.smtp_server import SmtpTestServer
@@ -126,6 +130,50 @@ def test_a_ledger_row_locked_for_40s_does_not_end_the_run(
     assert query(server_url, "SELECT state FROM batchrun_ledger WHERE entity_id = %s", target)[0][
         0
     ] in (1, 3), "the locked row was finished once the lock went"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_sqlite_write_lock_held_past_the_busy_timeout_does_not_end_the_run(
+    sqlite_url: str, smtp_server: SmtpTestServer
+) -> None:
+    env = cli_env(sqlite_url, smtp_server.url, BATCHRUN_LEASE_S="15")
+    seeded(sqlite_url, env, 2400)
+    want = want_ids(sqlite_url)
+    smtp_server.set_latency(0.05)
+    run = spawn(
+        "birthday",
+        "--month",
+        "2025-06",
+        "--concurrency",
+        "2",
+        "--json",
+        env=env,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert wait_until(lambda: len(smtp_server.messages) >= 10, timeout=30, step=0.01)
+        holder = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")  # the write lock: every writer waits behind it
+        before = len(smtp_server.messages)
+        time.sleep(12.0)
+        holder.execute("ROLLBACK")
+        holder.close()
+        still_running = run.poll() is None
+        code, data, err = finished(run)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert still_running, f"the run outlasted the lock: {err}"
+    assert before < len(want), "the lock was taken mid-month"
+    assert code in (0, 3), f"exit {code}: {err}"
+    assert "Traceback" not in err and "error" not in data, err
+    per_user = smtp_server.sends_per_user(2025)
+    assert max(per_user.values()) == 1, "one email each: the lock lost no claim"
+    if code == 0:
+        assert set(per_user) == want
+        assert_one_card_each(sqlite_url, want)
 
 
 def terminate_backends(
