@@ -272,9 +272,9 @@ def _run_job(
                 highlight=False,
             )
         if summary.paused:
+            done = "a run now would do nothing" if dry_run else "nothing done"
             stderr.print(
-                f"{name} {which} is paused: nothing done (`batchrun resume {name}`)",
-                highlight=False,
+                f"{name} {which} is paused: {done} (`batchrun resume {name}`)", highlight=False
             )
         if code == 130:
             stderr.print(

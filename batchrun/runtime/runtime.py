@@ -148,7 +148,10 @@ class Runtime:
                     raise  # no queue took it: a person must run it again
                 summary.duration_s = time.monotonic() - started
                 return summary
-        return await run_period(
+        # A dry run previews even a paused job, and says it is paused (``"paused": true``):
+        # the run it previews would do nothing now.
+        held = dry_run and await self._paused(which, period)
+        summary = await run_period(
             self.wiring,
             self.stop,
             which,
@@ -158,6 +161,8 @@ class Runtime:
             after=after,
             until=until,
         )
+        summary.paused = summary.paused or held
+        return summary
 
     async def _paused(self, job: Job, period: Period) -> bool:
         """Whether ``batchrun pause`` holds ``job``'s ``period`` now (read afresh)."""

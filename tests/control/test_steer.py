@@ -217,6 +217,13 @@ def test_pause_then_resume_across_two_processes(
     again = run_cli("birthday", "--month", "2025-07", "--json", env=env)
     assert again.returncode == 0 and json.loads(again.stdout)["paused"] is True
     assert query(db_url, "SELECT COUNT(*) FROM batchrun_ledger WHERE period = '2025-07'") == [(0,)]
+    # A dry run still previews the month, and says the run it previews would do nothing.
+    preview = run_cli("birthday", "--month", "2025-07", "--dry-run", "--json", env=env)
+    assert preview.returncode == 0, preview.stderr
+    planned = json.loads(preview.stdout)
+    assert planned["paused"] is True and planned["eligible"] == _eligible(db_url, 7), planned
+    assert "is paused: a run now would do nothing" in preview.stderr
+    assert query(db_url, "SELECT COUNT(*) FROM batchrun_ledger WHERE period = '2025-07'") == [(0,)]
 
     assert run_cli("resume", "birthday", env=env).returncode == 0
     smtp_server.set_latency(0)
