@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from batchrun.control.history import SERVING, History, RunRow
 from batchrun.control.task_story import NOT_BY_A_RUN, task_events
 from batchrun.control.timeline import Event, iso
-from batchrun.db.base import now_ms
 from batchrun.db.store import FINAL_STATES, State
 from batchrun.effects.lender import NoEffects
 from batchrun.job import Context, Job
@@ -84,13 +83,14 @@ async def tell(
 ) -> Story:
     """The story of ``entity_id`` for ``job``'s ``period``; reads only."""
     if is_task(job):
-        eligible, task_state, steps = await task_events(w.store.db, job.name, entity_id, now_ms())
+        now = await w.store.db.clock_ms()  # the server's, which every time stored is on
+        eligible, task_state, steps = await task_events(w.store.db, job.name, entity_id, now)
         steps += await _queue_events(w, job, entity_id)
         steps = await _with_runs(w, job, steps, runs_at)
         return Story(job.name, entity_id, str(period), eligible, task_state, steps, of_tasks=True)
     ctx = Context(job, period, w.store.jobdb, NoEffects(w.store), dry_run=True)
     ctx = ctx.entity(entity_id)
-    now = now_ms()
+    now = await w.store.db.clock_ms()  # leases are compared with it
     events: list[Event] = []
     eligible, address, why_not = await _eligibility(w, job, ctx, entity_id)
     state: str | None = None

@@ -18,6 +18,7 @@ from typing import ClassVar, Literal, TypeVar
 
 from batchrun.db.base import Database, JobDatabase
 from batchrun.db.base import now_ms as now_ms  # re-exported: tests and scripts import it here
+from batchrun.db.clock import server_clock
 from batchrun.db.schema import Schema
 from batchrun.db.suppression import (  # re-exported: the suppression list's names
     MAX_ADDRESS_CHARS as MAX_ADDRESS_CHARS,
@@ -204,7 +205,8 @@ class Store(Schema, SuppressionList):
             "state": int(state),
             "error": error[:500] if error else None,
             "queued": int(queued),
-            "now": now_ms(),  # updated_at only: no lease is compared with it
+            # updated_at only (no lease is compared with it), on the claims' clock
+            "now": await server_clock(self.db).now_ms(),
         }
         changed, reran = await _patiently(
             "finish", lambda: self.db.execute_reran("finish", **params)
@@ -227,10 +229,11 @@ class Store(Schema, SuppressionList):
         """Let go of unfinished claims so the next run takes them at once."""
         if not ids:
             return 0
+        now = await server_clock(self.db).now_ms()
         return await _patiently(
             "release",
             lambda: self.db.execute(
-                "release", job=scope.job, once=scope.once, ids=list(ids), me=me, now=now_ms()
+                "release", job=scope.job, once=scope.once, ids=list(ids), me=me, now=now
             ),
         )
 

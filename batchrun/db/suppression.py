@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, get_args
 
 from batchrun.chunks import chunks
-from batchrun.db.base import Row, now_ms
+from batchrun.db.base import Row
+from batchrun.db.clock import server_clock
 from batchrun.mail.address import address_key
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ class SuppressionList:
             address=key,
             reason=reason,
             source=source[:MAX_SOURCE_CHARS],
-            now=now_ms(),
+            now=await server_clock(self.db).now_ms(),
         )
         return changed > 0
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from batchrun.db.base import now_ms
+from batchrun.db.clock import server_clock
 from batchrun.db.store import Store
 from batchrun.errors import QueueError
 from batchrun.queue.base import WorkQueue
@@ -141,8 +141,9 @@ async def revive_ledger(store: Store, letters: Sequence[DeadLetter]) -> int:
             groups.setdefault((job, period), []).append(entity)
     changed = 0
     for (job, period), ids in groups.items():
+        now = await server_clock(store.db).now_ms()
         changed += await store.db.execute(
-            "ledger_revive", job=job, period=period, ids=sorted(set(ids)), now=now_ms()
+            "ledger_revive", job=job, period=period, ids=sorted(set(ids)), now=now
         )
     return changed
 
