@@ -46,16 +46,13 @@ class Submission:
     entity_id: int
     unstarted: bool  # pending and never started by any process
     created_at: int
-    resent_at: int | None
 
-    def may_look_lost(self, cutoff: int) -> bool:
-        """Whether ``task_claim_resend`` could take it at ``cutoff``: never started,
-        submitted before ``cutoff`` and not sent again since."""
-        return (
-            self.unstarted
-            and self.created_at < cutoff
-            and (self.resent_at is None or self.resent_at < cutoff)
-        )
+    def settled(self, cutoff: int) -> bool:
+        """Whether its message cannot look lost at ``cutoff``: it started once (a task
+        that ever started is never sent again), or was submitted at or after ``cutoff``.
+        One sent again lately is not taken as settled: that resend may be being undone
+        (``task_unclaim_resend``), and ``resend_if_lost`` looks at it as it stands."""
+        return not self.unstarted or self.created_at >= cutoff
 
 
 class TaskStore:
@@ -220,9 +217,7 @@ class TaskStore:
     async def submitted_many(self, job: str, keys: list[str]) -> dict[str, Submission]:
         """The submissions of ``keys`` that exist, by key, as a resubmission sees them."""
         rows = await self.db.fetchall("task_submitted_many", job=job, keys=keys) if keys else []
-        return {
-            str(r[0]): Submission(int(r[1]), bool(int(r[2])), int(r[3]), _ms(r[4])) for r in rows
-        }
+        return {str(r[0]): Submission(int(r[1]), bool(int(r[2])), int(r[3])) for r in rows}
 
     async def take_turns(
         self, job: str, entities: list[int], me: str, until: int, now: int

@@ -137,22 +137,20 @@ async def _settled(
     known: dict[str, Submission],
     resend_after_s: float,
 ) -> set[str]:
-    """The keys of ``items`` submitted before whose message cannot look lost now: started
-    once, submitted less than ``resend_after_s`` ago, or sent again since. A resubmission
-    of one is a no-op without the three statements of ``resend_if_lost``; one clock read
-    for the batch, and none when no key of it was never started.
+    """The keys of ``items`` submitted before whose message cannot look lost now
+    (``Submission.settled``): a resubmission of one is a no-op without the three
+    statements of ``resend_if_lost``. One clock read for the batch, none when every such
+    key started once.
 
-    The rows were read before the batch. Since then a row can only have started or been
-    sent again, which leave it settled, or have gone (withdrawn, pruned), when the batch's
-    insert adds it anew. A message can look lost by the batch's end that did not at its
-    clock read: a few milliseconds sooner than ``resend_if_lost``'s own read would tell."""
+    The rows were read before the batch. Since then a row can only have started, which
+    leaves it settled, or have gone (withdrawn, pruned), when the batch's insert adds it
+    anew. One that comes to look lost during the batch is left for the next look, as if
+    the batch had been a few milliseconds sooner."""
     ours = [key for _, _, key in items if key in known]
-    settled = {key for key in ours if not known[key].unstarted}
-    unstarted = [key for key in ours if known[key].unstarted]
-    if unstarted:
-        cutoff = await store.db.clock_ms() - int(resend_after_s * 1000)
-        settled.update(key for key in unstarted if not known[key].may_look_lost(cutoff))
-    return settled
+    if all(not known[key].unstarted for key in ours):
+        return set(ours)
+    cutoff = await store.db.clock_ms() - int(resend_after_s * 1000)
+    return {key for key in ours if known[key].settled(cutoff)}
 
 
 async def _submit_batch(
@@ -216,14 +214,17 @@ async def _known(
     looked_up: bool,
 ) -> Submitted:
     """A key submitted before: a no-op, unless its message looks lost (sent again).
-    ``looked_up``: its row was found, for this entity, before the insert."""
-    exists = looked_up
+    ``looked_up``: its row was found, for this entity, before the insert, and it may look
+    lost (``_settled``); otherwise it is read here, and settled as there."""
     if not looked_up:
-        row = await store.get(job.name, key)
+        row = (await store.submitted_many(job.name, [key])).get(key)
         if row is not None and row.entity_id != entity:
             raise BadTask(f"task key {key!r} was submitted for entity {row.entity_id}")
-        exists = row is not None
-    resent = exists and await resend_if_lost(
+        if row is None or not row.unstarted:
+            return Submitted(job.name, entity, key, queued=False)
+        if row.settled(await store.db.clock_ms() - int(resend_after_s * 1000)):
+            return Submitted(job.name, entity, key, queued=False)
+    resent = await resend_if_lost(
         store,
         queue,
         job.name,

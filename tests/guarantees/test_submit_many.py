@@ -15,6 +15,8 @@ from support.cli import run_cli
 from support.tasks import JOBS, RefusingQueue, StepsTask, effects, migrate_task_jobs
 
 import batchrun
+from batchrun.db import clock as clock_module
+from batchrun.db.clock import server_clock
 from batchrun.errors import QueueError
 from batchrun.queue.base import WorkQueue
 from batchrun.queue.local import LocalQueue
@@ -179,6 +181,21 @@ async def test_a_resubmission_looks_for_lost_messages_only_where_one_could_be(
     started = await rows.get("steps", "k0")  # old as well, but it ran once
     assert started is not None and await rows.start(started.id, "A", 30.0)
     await rows.release(started.id, "A")
+    # Old and never started, but sent again a moment ago by another process: its resend
+    # may yet be undone, so the resend's own look decides (no: sent this period).
+    assert await rows.submit("steps", 6, "resent", "{}")
+    await store.db.execute_sql(
+        "UPDATE batchrun_entity_task SET created_at = created_at - 3600000"
+        " WHERE task_key = 'resent'",
+        (),
+    )
+    now = await store.db.clock_ms()
+    assert await rows.claim_resend("steps", "resent", now, now - 60_000)
+    # The task store's own clock (db/clock.py) measured afresh, good for the whole test:
+    # the reads counted below are submit_many's.
+    monkeypatch.setattr(clock_module, "SLOW_READ_MS", 10**9)
+    clock_module._CLOCKS.pop(store.db, None)
+    await server_clock(store.db).now_ms()
     looks: list[str] = []
     clock, claim = store.db.clock_ms, TaskStore.claim_resend
 
@@ -193,13 +210,15 @@ async def test_a_resubmission_looks_for_lost_messages_only_where_one_could_be(
     monkeypatch.setattr(store.db, "clock_ms", clock_read)
     monkeypatch.setattr(TaskStore, "claim_resend", claimed)
     again = CountingQueue(LocalQueue(store.db))
+    resubmitted = [*tasks, (4, None, "lost"), (6, None, "resent")]
     done = await submit_many(
-        store.db, cast(WorkQueue, again), steps, [*tasks, (4, None, "lost")], resend_after_s=60
+        store.db, cast(WorkQueue, again), steps, resubmitted, resend_after_s=60
     )
     assert [(d.key, d.queued) for d in done if d.queued] == [("lost", True)]
-    assert done[-1].resent and _keys(again.sends) == ["lost"]
-    # A read per queue call (k1-k9; k10, k11 and lost), and the resend's own for lost.
-    assert looks == ["clock", "clock", "clock", "claim lost"], looks
+    assert done[-2].resent and _keys(again.sends) == ["lost"]
+    # A read per queue call (k1-k9; k10, k11, lost and resent), and each resend look's own:
+    # lost's claims it, resent's finds it sent this period and claims nothing.
+    assert looks == ["clock", "clock", "clock", "claim lost", "clock"], looks
 
 
 async def test_a_key_of_another_entity_queues_none_of_the_batch(store: Any) -> None:

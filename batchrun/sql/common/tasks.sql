@@ -109,10 +109,9 @@ WHERE job = :job GROUP BY state;
 
 -- name: task_submitted_many
 -- What a resubmission of these keys must know (tasks/submit.py): each one's entity, whether
--- it was ever started (one never started may look lost), when it was submitted and when
--- last sent again.
+-- it was ever started (one never started may look lost) and when it was submitted.
 SELECT task_key, entity_id, CASE WHEN state = 0 AND started_at IS NULL THEN 1 ELSE 0 END,
-  created_at, resent_at
+  created_at
 FROM batchrun_entity_task WHERE job = :job AND task_key IN :keys*;
 
 -- name: task_get_many
