@@ -150,7 +150,7 @@ class Runtime:
                 return summary
         # A dry run previews even a paused job, and says it is paused (``"paused": true``):
         # the run it previews would do nothing now.
-        held = dry_run and await self._paused(which, period)
+        held = dry_run and await self._paused(which, period, dry_run=True)
         summary = await run_period(
             self.wiring,
             self.stop,
@@ -164,13 +164,14 @@ class Runtime:
         summary.paused = summary.paused or held
         return summary
 
-    async def _paused(self, job: Job, period: Period) -> bool:
+    async def _paused(self, job: Job, period: Period, *, dry_run: bool = False) -> bool:
         """Whether ``batchrun pause`` holds ``job``'s ``period`` now (read afresh)."""
         await self.steering.refresh(self.store.db)
         held = self.steering.paused(job.name, str(period))
         if held is not None:
             why = f" ({held.reason})" if held.reason else ""
-            log.info("%s %s is paused%s: nothing done (`batchrun resume`)", job.name, period, why)
+            done = "a run now would do nothing" if dry_run else "nothing done"
+            log.info("%s %s is paused%s: %s (`batchrun resume`)", job.name, period, why, done)
         return held is not None
 
     def _job(self, job: Job | str | None) -> Job:
