@@ -127,7 +127,8 @@ def backend_env(env: Mapping[str, str], name: str) -> BackendEnv:
     if url is not None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"{prefix}URL must be an http(s):// URL, got {url[:80]!r}")
+            got = f"a {parts.scheme}:// one" if parts.scheme else "one without a scheme"
+            raise ConfigError(f"{prefix}URL must be an http(s):// URL, got {got}")
     rate = env.get(prefix + "RATE")
     concurrency = env.get(prefix + "CONCURRENCY")
     timeout = env.get(prefix + "TIMEOUT_S")

@@ -28,6 +28,24 @@ def mask_text(text: str, *urls: str | None) -> str:
     return text
 
 
+def shown(url: str) -> str:
+    """``url`` as a log line or a stored failure reason may show it: its scheme, host, port
+    and the last segment of its path (the endpoint a job called). No user, password, other
+    path segments, query or fragment: any of them may hold a key."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return f"{scheme_of(url) or '?'}://?"
+    host = parts.hostname or "?"
+    head = f"{parts.scheme}://" + (f"[{host}]" if ":" in host else host)
+    head += f":{port}" if port else ""
+    segments = [s for s in parts.path.split("/") if s]
+    if not segments:
+        return head
+    return head + ("/" if len(segments) == 1 else "/…/") + segments[-1]
+
+
 def split(url: str) -> SplitResult:
     """``urlsplit`` that never raises on odd ports (they are checked where used)."""
     return urlsplit(url)
@@ -39,4 +57,4 @@ def scheme_of(url: str) -> str:
     return head.lower() if sep else ""
 
 
-__all__ = ["mask_text", "mask_url", "scheme_of", "split"]
+__all__ = ["mask_text", "mask_url", "scheme_of", "shown", "split"]

@@ -36,12 +36,14 @@ from batchrun.runtime import Runtime
 from batchrun.runtime.resources import Backends
 from batchrun.settings import Settings, parse_rate
 from batchrun.task import is_task
-from batchrun.urls import mask_text
+from batchrun.urls import mask_text, shown
 
 log = logging.getLogger("batchrun")
 
 app = typer.Typer(
     rich_markup_mode="rich",
+    # A traceback (-v, or a bug) never shows local variables: they hold URLs with passwords.
+    pretty_exceptions_show_locals=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     add_completion=True,
@@ -224,10 +226,26 @@ def _setup_logging(verbose: int) -> None:
         logging.getLogger(name).setLevel(logging.DEBUG if verbose >= 3 else logging.INFO)
     if verbose == 0:  # httpx logs each request at INFO: ctx.http's, one line a call
         logging.getLogger("httpx").setLevel(logging.WARNING)
+    _show_urls_safely(logging.getLogger("httpx"))
     # botocore's DEBUG records carry signed request headers (keys, session tokens): the
     # AWS libraries never log below INFO, whatever -v asks for.
     for name in ("botocore", "aiobotocore", "boto3", "urllib3"):
         logging.getLogger(name).setLevel(max(level, logging.INFO))
+
+
+class _ShownUrls(logging.Filter):
+    """httpx's request lines with each URL as ``urls.shown`` gives it: the backend's URL
+    may hold a password, and its path or query a key."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(shown(str(a)) if "://" in str(a)[:16] else a for a in record.args)
+        return True
+
+
+def _show_urls_safely(logger: logging.Logger) -> None:
+    if not any(isinstance(f, _ShownUrls) for f in logger.filters):
+        logger.addFilter(_ShownUrls())
 
 
 def period_option(unit: Unit, value: str | None, hint: str) -> Period:

@@ -14,6 +14,7 @@ library's HTTP client in a thread: no runtime dependency for one POST.
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import logging
 import urllib.error
@@ -89,13 +90,17 @@ class Notifier:
 
 
 def _why(exc: BaseException) -> str:
+    """Why a post failed, without the URL's path or query (where a token may be)."""
     if isinstance(exc, TimeoutError):
         return f"no answer within {TIMEOUT_S:g} s"
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code}"
     if isinstance(exc, urllib.error.URLError):
         return str(exc.reason)
-    return type(exc).__name__ + (f": {exc}" if str(exc) else "")
+    if isinstance(exc, http.client.InvalidURL | ValueError):
+        # Their text quotes the URL (http.client's: its path and query, escaped).
+        return f"{type(exc).__name__}: BATCHRUN_NOTIFY_URL is not a usable URL"
+    return type(exc).__name__
 
 
 def payload(

@@ -50,6 +50,7 @@ from batchrun.job import Skip
 from batchrun.mail.address import needs_smtputf8
 from batchrun.mail.message import Message
 from batchrun.mail.ses_errors import CREDENTIAL_CODES, MAX_REASON_CHARS, client_error
+from batchrun.urls import shown
 
 __all__ = ["SesMailer", "endpoint_from_env"]
 
@@ -320,8 +321,9 @@ class SesMailer:
         return client_error(exc, message.envelope_sender, self._scrub)
 
     def _where(self) -> str:
-        """Name the endpoint for an error: the URL when set, else the region."""
-        return self.endpoint or self.region
+        """Name the endpoint for an error: the URL when set (scheme, host and port:
+        ``urls.shown``), else the region."""
+        return shown(self.endpoint) if self.endpoint else self.region
 
     def _scrub(self, text: str) -> str:
         """Remove the AWS keys from text that may echo what the service saw."""

@@ -37,7 +37,7 @@ from batchrun.errors import (
     ThrottledError,
 )
 from batchrun.job import Busy, Fail, Retry, Skip
-from batchrun.urls import mask_url
+from batchrun.urls import mask_url, shown
 
 MAX_REASON = 300
 
@@ -136,7 +136,7 @@ def _http_outcome(exc: BaseException) -> Outcome | None:
     if isinstance(exc, httpx.HTTPStatusError):
         response = exc.response
         status = response.status_code
-        reason = _short(f"HTTP {status} from {mask_url(str(exc.request.url))}")
+        reason = _short(f"HTTP {status} from {shown(str(exc.request.url))}")
         if status == 429:
             delay = retry_after_s(response.headers.get("retry-after"))
             return Outcome(State.RETRYING, reason, delay, throttled=True)
@@ -167,7 +167,7 @@ def busy_response(response: object, backend: str = "") -> Busy | None:
     status = getattr(response, "status_code", None)
     if status not in BUSY_STATUSES:
         return None
-    url = mask_url(str(response.request.url))  # type: ignore[attr-defined]
+    url = shown(str(response.request.url))  # type: ignore[attr-defined]
     delay = retry_after_s(response.headers.get("retry-after"))  # type: ignore[attr-defined]
     return Busy(_short(f"busy: HTTP {status} from {url}"), delay, backend=backend)
 

@@ -43,6 +43,8 @@ from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
 from support.birthday import card_counts, seed_users, user_of
 from support.cli import cli_env, run_cli, summary_of
 from support.db import MYSQL_URL, query, table_digest
+from support.http_server import GrantsTestServer
+from support.job_cases import CreditsCase
 from support.periods import month
 from support.smtp_server import SmtpTestServer
 
@@ -396,6 +398,57 @@ def test_no_password_in_any_command_output_error_queue_row_or_table(
     failures = query(mysql_url, "SELECT COUNT(*) FROM batchrun_ledger")
     assert failures[0][0] == 0, "the preflight stopped every run before it claimed anyone"
     assert_no_secret(_all_rows(mysql_url), "the database (ledger, queue, cards)", secrets)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_no_backend_key_in_logs_failure_reasons_errors_or_the_webhooks_line(
+    smtp_server: SmtpTestServer, grants: GrantsTestServer, sqlite_url: str
+) -> None:
+    """A backend URL may hold a password, and its path or query a key (a Slack webhook's
+    path is one): httpx's request lines at -v, a call's failure reason (ledger, queue,
+    ``why``, ``dead list``) and a bad URL's error name only its scheme, host, port and
+    the endpoint called. A webhook URL that cannot be used is not quoted either."""
+    case = CreditsCase(smtp_server, grants)
+    entities = case.seed(sqlite_url, 20)
+    port = urlsplit(grants.url).port
+    keyed = f"http://u:BkS3cr3tPW@127.0.0.1:{port}/K3yPathSecret"  # the API answers 404
+    secrets = ["BkS3cr3tPW", "K3yPathSecret", "T0kenXYZ"]
+    env = case.env(
+        sqlite_url,
+        BATCHRUN_BACKEND_CREDITS_URL=keyed,
+        BATCHRUN_NOTIFY_URL="http://127.0.0.1:1/hook?token=T0ken\tXYZ",
+        BATCHRUN_NOTIFY_ON="always",
+    )
+    ran = run_cli(*case.args("-v", "run", "credits", "--period", case.period, "--json"), env=env)
+    assert ran.returncode == 0, ran.stderr
+    assert f"HTTP Request: POST http://127.0.0.1:{port}/…/grants" in ran.stderr, ran.stderr
+    assert "notification to http://127.0.0.1:1 not delivered" in ran.stderr, ran.stderr
+    assert_no_secret(ran.stdout + ran.stderr, "`-v run credits`", secrets)
+    reasons = [str(r[0]) for r in query(sqlite_url, "SELECT last_error FROM batchrun_ledger")]
+    assert f"HTTP 404 from http://127.0.0.1:{port}/…/grants" in reasons, reasons
+    entity = str(min(entities.want))
+    for args in (
+        ("dead", "list", "--json"),
+        ("why", "credits", entity, "--period", case.period, "--json"),
+        ("status", "credits", "--period", case.period, "--json"),
+    ):
+        shown = run_cli(*case.args(*args), env=env)
+        assert shown.returncode == 0, shown.stderr
+        assert_no_secret(shown.stdout + shown.stderr, f"`{' '.join(args)}`", secrets)
+    assert_no_secret(_all_sqlite_rows(sqlite_url), "the database", secrets)
+    bad = env | {"BATCHRUN_BACKEND_CREDITS_URL": "ftp://u:BkS3cr3tPW@127.0.0.1/K3yPathSecret"}
+    refused = run_cli(*case.args("run", "credits", "--period", case.period), env=bad)
+    assert refused.returncode == 2, refused.stderr
+    assert "must be an http(s):// URL, got a ftp:// one" in refused.stderr, refused.stderr
+    assert_no_secret(refused.stdout + refused.stderr, "a bad backend URL's error", secrets)
+
+
+def _all_sqlite_rows(db_url: str) -> str:
+    """Every row of every table of a SQLite file, as text."""
+    with sqlite3.connect(db_url.removeprefix("sqlite:///")) as conn:
+        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return "\n".join(repr(conn.execute(f'SELECT * FROM "{n}"').fetchall()) for n in names)
 
 
 def _aws_env(server: MotoServer) -> dict[str, str]:

@@ -20,7 +20,7 @@ from batchrun.period import Period, Unit
 from batchrun.queue import base as queue_base
 from batchrun.queue.base import MAX_BODY, PoisonMessage, QueueMessage, backoff_s
 from batchrun.settings import DEFAULT_DB, DEFAULT_MAIL, Settings
-from batchrun.urls import mask_text, mask_url
+from batchrun.urls import mask_text, mask_url, shown
 
 UNITS: dict[str, Unit] = {"birthday": "month"}  # jobs a consumer parses bodies for
 
@@ -197,6 +197,24 @@ def test_mask_url_hides_password(url: str, password: str) -> None:
 def test_mask_url_without_password_is_unchanged(url: str) -> None:
     assert mask_url(url) == url
     assert mask_text(f"error at {url}", url) == f"error at {url}"
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "http://u:pw@api.example.com:8443/K3y/v2/grants?api_key=K3y#f",
+            "http://api.example.com:8443/…/grants",
+        ),
+        ("https://u@api.example.com/T0k3n/v1/charges", "https://api.example.com/…/charges"),
+        ("https://api.example.com/grants", "https://api.example.com/grants"),
+        ("https://api.example.com/?key=K3y", "https://api.example.com"),
+        ("http://[::1]:8080/a/b", "http://[::1]:8080/…/b"),
+        ("http://host:99x/K3y", "http://?"),
+    ],
+)
+def test_shown_keeps_the_origin_and_the_endpoint_only(url: str, expected: str) -> None:
+    assert shown(url) == expected
 
 
 def test_mask_url_several_urls_in_one_text() -> None:
