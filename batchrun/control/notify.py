@@ -36,7 +36,11 @@ def where(url: str) -> str:
     """The URL as a log line may show it: scheme, host and port only."""
     parts = urlsplit(url)
     host = parts.hostname or "?"
-    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or out of range: refused by Notifier
+        return f"{parts.scheme}://{host}:?"
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
 
 class Notifier:
@@ -45,6 +49,8 @@ class Notifier:
     def __init__(self, url: str, *, on: NotifyOn = "failure", timeout_s: float = TIMEOUT_S) -> None:
         if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
             raise ConfigError(f"BATCHRUN_NOTIFY_URL must be an http(s):// URL, got {where(url)}")
+        if where(url).endswith(":?"):
+            raise ConfigError(f"BATCHRUN_NOTIFY_URL has a port that is not one: {where(url)}")
         self.url = url
         self.on = on
         self.timeout_s = timeout_s

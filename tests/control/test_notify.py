@@ -102,6 +102,8 @@ def test_bad_settings() -> None:
         Notifier.from_env({"BATCHRUN_NOTIFY_URL": "file:///etc/passwd"})
     with pytest.raises(ConfigError):
         Notifier.from_env({"BATCHRUN_NOTIFY_URL": "http://x", "BATCHRUN_NOTIFY_ON": "sometimes"})
+    with pytest.raises(ConfigError, match=r"port that is not one: http://x:\?$"):
+        Notifier.from_env({"BATCHRUN_NOTIFY_URL": "http://x:abc/hook?token=T0kenXYZ"})
     assert Notifier.from_env({}) is None
     notifier = Notifier.from_env({"BATCHRUN_NOTIFY_URL": "https://hooks.example/T/B/X"})
     assert notifier is not None
