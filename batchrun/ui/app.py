@@ -149,7 +149,7 @@ class Dashboard:
         """The entity form's GET: on to the entity's page."""
         job = self.job(request.path_params["job"])
         entity = request.query_params.get("id", "")
-        if not entity.isdigit() or int(entity) < 1:
+        if not _an_id(entity):
             return PlainTextResponse("id must be a positive integer", status_code=400)
         query = urlencode({"period": request.query_params.get("period", "")})
         return RedirectResponse(f"/jobs/{job.name}/entities/{int(entity)}?{query}", 303)
@@ -161,11 +161,16 @@ class Dashboard:
         except ValueError as exc:
             return PlainTextResponse(str(exc), status_code=400)
         entity_id = int(request.path_params["entity"])
+        if not _an_id(str(entity_id)):
+            raise _NotFound("no such entity")
         told = await story.tell(self.runtime.wiring, job, period, entity_id)
         return self.page(request, "entity.html", story=told.to_json(), of_tasks=told.of_tasks)
 
     async def run_page(self, request: Request) -> Response:
-        found = await control.run(self.runtime, int(request.path_params["run"]))
+        run_id = int(request.path_params["run"])
+        if not _an_id(str(run_id)):
+            raise _NotFound("no such run")
+        found = await control.run(self.runtime, run_id)
         if found is None:
             raise _NotFound("no such run")
         run, problems = found
@@ -219,7 +224,7 @@ class Dashboard:
 
     async def login(self, request: Request) -> Response:
         if request.method == "GET":
-            return self.page(request, "login.html")
+            return self.page(request, "login.html", db_url="")  # nothing of it before login
         form = await _form(request)
         if not self.guard.token_matches(form.get("token", "")):
             return PlainTextResponse("wrong token", status_code=403)
@@ -246,10 +251,22 @@ class _Form(dict[str, str]):
 
 
 async def _form(request: Request) -> _Form:
+    """The posted form; an empty one when its declared length is missing or over
+    ``MAX_FORM``: such a body is never read (``/login`` takes it from anyone, and the
+    server holds a body to its declared length). Read with ``body()``, which the gate's
+    read keeps for the endpoint's."""
+    declared = request.headers.get("content-length", "")
+    if not declared.isdecimal() or int(declared[:12]) > MAX_FORM:
+        return _Form({})
     body = await request.body()
     if len(body) > MAX_FORM:
         return _Form({})
     return _Form(parse_qs(body.decode("utf-8", "replace")))
+
+
+def _an_id(text: str) -> bool:
+    """Whether ``text`` is an id a table can hold: ASCII digits, 1 to 2**63 - 1."""
+    return text.isascii() and text.isdecimal() and len(text) <= 19 and 0 < int(text) < 2**63
 
 
 def _back(request: Request, notice: str, to: str | None = None) -> Response:

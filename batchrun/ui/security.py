@@ -67,7 +67,8 @@ class Guard:
         if scheme.lower() == "bearer" and self.token_matches(given.strip()):
             return True
         cookie = request.cookies.get(COOKIE, "")
-        return bool(cookie) and hmac.compare_digest(cookie, self.session_value())
+        # As bytes: compare_digest refuses a str that is not ASCII (a forged cookie).
+        return bool(cookie) and hmac.compare_digest(cookie.encode(), self.session_value().encode())
 
     def host_ok(self, host: str) -> bool:
         """Without a token, only a loopback Host: a page of another site whose name is made

@@ -182,6 +182,37 @@ async def test_a_token_guards_every_page(sqlite_url: str, make_settings: Any) ->
         assert (await client.get("/")).status_code == 200  # the cookie now
 
 
+async def test_odd_requests_get_a_4xx_and_a_big_login_body_is_not_read(
+    sqlite_url: str, make_settings: Any
+) -> None:
+    """A forged cookie, ids no table can hold and a login body past the form's limit are
+    each refused with a 4xx (they were 500s, and the body was read whole into memory);
+    the login page shows nothing of the database; the live view's URL is JSON in its
+    script, not HTML-escaped (its period was lost after "&amp;")."""
+    settings = make_settings(sqlite_url)
+    await prepare(settings, fail_one=False)
+    token = uuid.uuid4().hex
+    async with client_of(make_app(settings, token=token)) as client:
+        forged = await client.get("/", headers={"cookie": "batchrun_ui=\u00e9".encode()})
+        assert forged.status_code == 401
+        login = await client.get("/login")
+        assert login.status_code == 200 and "batchrun.db" not in login.text
+        huge = b"token=" + b"0" * (2 * 1024 * 1024)
+        assert (await client.post("/login", content=huge)).status_code == 403
+        auth = {"authorization": f"Bearer {token}"}
+        for path in (
+            "/jobs/birthday/entity?id=%C2%B2",
+            "/jobs/birthday/entity?id=" + "9" * 5000,
+            "/jobs/birthday/entities/" + "9" * 30,
+            "/runs/" + "9" * 30,
+        ):
+            answer = await client.get(path, headers=auth)
+            assert answer.status_code in (400, 404), (path[:40], answer.status_code)
+        page = await client.get("/jobs/birthday?period=2025-06", headers=auth)
+        assert page.status_code == 200
+        assert 'fetch("/api/live?job=birthday\\u0026period=2025-06"' in page.text, page.text[-600:]
+
+
 @pytest.mark.mysql
 async def test_no_password_is_rendered(
     mysql_url: str, make_settings: Callable[..., Settings], tmp_path: Path
