@@ -125,6 +125,8 @@ def handle(
 
 
 def _kind(event: Mapping[str, Any]) -> str:
+    if not isinstance(event, Mapping):
+        raise UsageError(f"unrecognised event: expected a JSON object, got {type(event).__name__}")
     if isinstance(event.get("Records"), list):
         return "sqs"
     request = event.get("requestContext")
@@ -142,14 +144,12 @@ def _kind(event: Mapping[str, Any]) -> str:
 async def _handle(
     event: Mapping[str, Any], context: LambdaContext, settings: Settings, kind: str
 ) -> tuple[dict[str, Any], dict[str, float]]:
-    remaining = context.get_remaining_time_in_millis()
+    remaining = _remaining_ms(context)
     margin = settings.deadline_margin_ms
     if margin is None:
         margin = max(MIN_MARGIN_MS, remaining // 10)
     stop = StopToken()
-    watcher = asyncio.create_task(
-        Deadline(context.get_remaining_time_in_millis, margin).watch(stop)
-    )
+    watcher = asyncio.create_task(Deadline(lambda: _remaining_ms(context), margin).watch(stop))
     # In-flight sends get 70% of the margin to finish (a send cut off then may have been
     # accepted: the one duplicate window); the rest is for recording and the hand-off.
     options = Options(
@@ -208,6 +208,15 @@ async def _run(
     return summary
 
 
+def _remaining_ms(context: LambdaContext) -> int:
+    """The invocation's time left; a context that cannot tell (None, not a number) is
+    taken to have none left, so the work is handed on rather than cut off."""
+    remaining = context.get_remaining_time_in_millis()
+    if isinstance(remaining, bool) or not isinstance(remaining, int | float):
+        return 0
+    return int(remaining)
+
+
 def _runs_of(
     event: Mapping[str, Any], kind: str, registry: Registry, settings: Settings
 ) -> tuple[list[tuple[str, Period]], bool]:
@@ -216,15 +225,19 @@ def _runs_of(
         when = str(event.get("time", ""))
         try:
             moment = datetime.fromisoformat(when.replace("Z", "+00:00"))
+            if moment.year < 1900:  # as parse_period refuses on the other paths
+                raise ValueError
         except ValueError:
-            raise UsageError(f"scheduled event has no usable time: {when!r}") from None
+            raise UsageError(f"scheduled event has no usable time: {when[:40]!r}") from None
         names = parse_specs(settings.scheduled_jobs) or list(SCHEDULED_BY_DEFAULT)
         return [(n, current(registry.get_job(n).period, moment)) for n in names], False
     name = event.get("job")
     if not isinstance(name, str):
         raise UsageError(f"unknown job {name!r}: known jobs are {', '.join(registry)}")
     job = registry.get_job(name)
-    text = event.get("period", event.get("month"))
+    text = event.get("period")
+    if text is None:  # "period": null names none: "month" (batchrun 0.1's name) may
+        text = event.get("month")
     try:
         period = current(job.period) if text is None else parse_period(job.period, str(text))
     except ValueError as exc:

@@ -45,8 +45,18 @@ def parse_rate(text: str, what: str = "--rate") -> float | Literal["auto"]:
     return value
 
 
-def _int(env: Mapping[str, str], key: str, default: int, *, minimum: int = 0) -> int:
-    return int(_float(env, key, default, minimum=minimum))
+def _int(
+    env: Mapping[str, str], key: str, default: int, *, minimum: int = 0, maximum: int | None = None
+) -> int:
+    value = int(_float(env, key, default, minimum=minimum))
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{key} must be at most {maximum:,}, got {env.get(key)!r}")
+    return value
+
+
+# Entities worked on at once, at most: each is a task (and, for mail, a connection's worth of
+# the pool); a million of them took 1.6 GB before the first entity, 10**20 the machine.
+MAX_CONCURRENCY = 10_000
 
 
 MIN_SECRET_CHARS = 16
@@ -135,7 +145,11 @@ def backend_env(env: Mapping[str, str], name: str) -> BackendEnv:
     return BackendEnv(
         url=url,
         rate=parse_rate(rate, prefix + "RATE") if rate else None,
-        concurrency=_int(env, prefix + "CONCURRENCY", 1, minimum=1) if concurrency else None,
+        concurrency=(
+            _int(env, prefix + "CONCURRENCY", 1, minimum=1, maximum=MAX_CONCURRENCY)
+            if concurrency
+            else None
+        ),
         timeout_s=_float(env, prefix + "TIMEOUT_S", 10.0, minimum=0.001) if timeout else None,
     )
 
@@ -207,7 +221,7 @@ class Settings:
             retry_max_backoff_s=_float(env, "BATCHRUN_RETRY_MAX_BACKOFF_S", 3600.0),
             deadline_margin_ms=_int(env, "BATCHRUN_DEADLINE_MARGIN_MS", 0) if margin else None,
             db_secret_arn=None if env.get("BATCHRUN_DB") else env.get("BATCHRUN_DB_SECRET_ARN"),
-            concurrency=_int(env, "BATCHRUN_CONCURRENCY", 20, minimum=1),
+            concurrency=_int(env, "BATCHRUN_CONCURRENCY", 20, minimum=1, maximum=MAX_CONCURRENCY),
             rate=parse_rate(rate, "BATCHRUN_RATE") if rate else None,
             busy_wait_s=_float(env, "BATCHRUN_BUSY_WAIT_S", 30.0),
             task_resend_s=_float(env, "BATCHRUN_TASK_RESEND_S", 300.0, minimum=1.0),

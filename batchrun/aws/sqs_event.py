@@ -38,7 +38,7 @@ async def handle_sqs(
             message_id=str(r.get("messageId", "")),
             receipt=str(r.get("receiptHandle", "")),
             body=str(r.get("body", "")),
-            receive_count=_int(r.get("attributes", {}).get("ApproximateReceiveCount"), 1),
+            receive_count=_int(_attributes(r).get("ApproximateReceiveCount"), 1),
         )
         for r in records
     ]
@@ -163,3 +163,9 @@ def _int(value: Any, default: int) -> int:
         return int(value)
     except (TypeError, ValueError):
         return default
+
+
+def _attributes(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A record's ``attributes``, or none when it has none that are an object."""
+    found = record.get("attributes")
+    return found if isinstance(found, Mapping) else {}

@@ -16,14 +16,17 @@ from batchrun.cli.app import Invocation, app, error_text, period_option, rate_op
 from batchrun.cli.conventions import examples, print_table, stderr
 from batchrun.cli.output import ASKED, Bar, MonthTally, progress_bar, table
 from batchrun.control.runrecord import RunRecord
+from batchrun.errors import UsageError
 from batchrun.period import Period
 from batchrun.pipeline import engine
 from batchrun.pipeline.reports import mail_down
 from batchrun.runtime import Options, Runtime, Summary, new_summary
 from batchrun.runtime.resources import check_urls, open_backends, open_queue
+from batchrun.settings import MAX_CONCURRENCY
 
 Concurrency = Annotated[
-    int, typer.Option("--concurrency", min=1, help="Entities worked on at once.")
+    int,
+    typer.Option("--concurrency", min=1, max=MAX_CONCURRENCY, help="Entities worked on at once."),
 ]
 Rate = Annotated[
     str | None,
@@ -185,6 +188,12 @@ def _run_job(
         began = time.monotonic()
         entry = context.registry.entry(name)
         which = period_of(context, name, period)
+        if fan_out is not None and dry_run:
+            # Fanning out queues shards that workers then run for real.
+            raise UsageError(
+                "--dry-run queues nothing: leave out --fan-out (the dry run counts the whole "
+                "period its shards would cover)"
+            )
         if fan_out is not None:
             return await _fan_out(context, name, which, fan_out, shard_size, as_json)
         stop = engine.StopToken()

@@ -18,6 +18,7 @@ from batchrun.pipeline import engine
 from batchrun.queue.base import WorkQueue
 from batchrun.runtime import Options, RetrySummary
 from batchrun.runtime.resources import open_backends, open_queue
+from batchrun.settings import MAX_CONCURRENCY
 
 
 @app.command(
@@ -38,7 +39,7 @@ def worker(
             "both, so retries and hand-offs come back to the workers.",
         ),
     ] = None,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 20,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=MAX_CONCURRENCY)] = 20,
     rate: Annotated[
         str | None,
         typer.Option(
@@ -158,7 +159,7 @@ def retry(
     max_messages: Annotated[
         int, typer.Option("--max", min=1, help="Most queue messages to process.")
     ] = 10_000,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1)] = 20,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=MAX_CONCURRENCY)] = 20,
     rate: Annotated[
         str | None,
         typer.Option(

@@ -56,8 +56,10 @@ async def make_limiter(
                 "the mail backend states no send rate: starting --rate auto at %g/s",
                 DEFAULT_AUTO_RATE,
             )
-        return AdaptiveRate(ceiling or DEFAULT_AUTO_RATE, ceiling=ceiling)
-    return AdaptiveRate(rate, ceiling=rate)
+        start = ceiling or DEFAULT_AUTO_RATE
+        return AdaptiveRate(start, ceiling=ceiling, floor=min(0.5, start))
+    # A rate below the default floor (0.5/s) is a floor of its own: --rate 0.2 is honoured.
+    return AdaptiveRate(rate, ceiling=rate, floor=min(0.5, rate))
 
 
 class Suppressions:

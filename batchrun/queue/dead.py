@@ -42,7 +42,7 @@ class DeadLetter:
     def fields(self) -> dict[str, Any]:
         try:
             data = json.loads(self.body)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
             return {}
         return data if isinstance(data, dict) else {}
 

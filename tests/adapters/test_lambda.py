@@ -220,6 +220,36 @@ def test_an_unknown_event_is_one_clear_error(environ: dict[str, str]) -> None:
         aws_lambda.handle({"job": "birthday", "month": "2025-13"}, FakeContext(10), environ=environ)
 
 
+def test_odd_events_are_one_clear_error_or_read_as_meant(
+    mysql_url: str, environ: dict[str, str]
+) -> None:
+    """An event that is not an object, a schedule of year 1, records whose attributes are
+    not an object, a context that cannot tell its time left, and ``"period": null`` beside
+    a month (it ran the current month instead of that one)."""
+    prepare(mysql_url, 300, seed=33)
+    for event in (None, [], "schedule", 5):
+        with pytest.raises(BatchrunError, match="expected a JSON object"):
+            aws_lambda.handle(event, FakeContext(10), environ=environ)  # type: ignore[arg-type]
+    early = load_event("schedule.json", time="0001-01-01T00:00:00Z")
+    with pytest.raises(BatchrunError, match="no usable time"):
+        aws_lambda.handle(early, FakeContext(10), environ=environ)
+    dry = {"job": "birthday", "period": None, "month": "2025-06", "dry_run": True}
+    assert aws_lambda.handle(dry, FakeContext(30), environ=environ)["period"] == "2025-06"
+    body = json.dumps({"kind": "nonsense"})
+    records = [
+        {"messageId": "m1", "receiptHandle": "r1", "body": body, "attributes": None},
+        {"messageId": "m2", "receiptHandle": "r2", "body": body, "attributes": ["x"]},
+    ]
+    answer = aws_lambda.handle({"Records": records}, FakeContext(30), environ=environ)
+    assert answer["batchItemFailures"] == [], "poison both, dead-lettered, not a crash"
+
+    class Mute(FakeContext):
+        def get_remaining_time_in_millis(self) -> Any:
+            return None
+
+    assert aws_lambda.handle(dry, Mute(), environ=environ)["dry_run"] is True
+
+
 def test_the_database_url_comes_from_secrets_manager(
     mysql_url: str,
     smtp_server: SmtpTestServer,

@@ -638,6 +638,11 @@ def test_a_deeply_nested_json_body_is_poison_not_a_crash(db_url: str, tmp_path: 
     assert drain.returncode == 0, drain.stderr
     assert summary_of(drain)["dead_lettered"] == 2
     assert [row[2] for row in _queue_rows(db_url)] == [1, 1]
+    # The dead letters are listed, the nested one too (it stopped `dead list` with a
+    # RecursionError, exit 1, leaving only `dead purge`).
+    listed = run_cli("dead", "list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert len(json.loads(listed.stdout)) == 2
 
 
 def test_a_deeply_nested_record_is_dead_lettered_in_a_lambda_batch(

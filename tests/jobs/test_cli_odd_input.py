@@ -113,3 +113,27 @@ def test_a_dry_run_checks_the_urls_the_real_run_would_use(
         assert said in one_line(result.stderr), result.stderr
     fine = run_cli("birthday", "--month", "2025-06", "--dry-run", env={"BATCHRUN_DB": db})
     assert fine.returncode == 0, fine.stderr
+
+
+def test_a_concurrency_past_the_cap_and_a_dry_run_fan_out_are_refused_first(
+    tmp_path: Path,
+) -> None:
+    """--concurrency 10**20 grew to 24 GB before the first entity; --dry-run --fan-out
+    queued shards that a later retry ran for real. Each is now one line, exit 2, and
+    nothing is written."""
+    db = f"sqlite:///{tmp_path / 'b.db'}"
+    env = {"BATCHRUN_DB": db, "BATCHRUN_MAIL": f"file://{tmp_path / 'out'}"}
+    assert run_cli("db", "migrate", env=env).returncode == 0
+    assert run_cli("db", "seed", "--users", "200", env=env).returncode == 0
+    month = ("birthday", "--month", "2025-06")
+    for args, extra, says in (
+        ((*month, "--concurrency", "99999999999999999999"), {}, "--concurrency"),
+        (("retry", "--concurrency", "10001"), {}, "--concurrency"),
+        (month, {"BATCHRUN_CONCURRENCY": "20000"}, "BATCHRUN_CONCURRENCY must be at most"),
+        ((*month, "--dry-run", "--fan-out", ""), {}, "--dry-run queues nothing"),
+    ):
+        result = run_cli(*args, env=env | extra, timeout=60)
+        assert result.returncode == 2, (args, result.stderr)
+        assert says in one_line(result.stderr), result.stderr
+    assert query(db, "SELECT COUNT(*) FROM batchrun_queue") == [(0,)]
+    assert query(db, "SELECT COUNT(*) FROM batchrun_ledger") == [(0,)]

@@ -403,3 +403,11 @@ def test_against_a_hard_limit_nothing_is_lost_and_the_rate_settles_under_it(
     assert 0.5 * limit <= limiter.settled <= limit
     throughput = sum(1 for t, _ in provider.accepted if t >= duration_s - 30) / 30
     assert 0.5 * limit <= throughput <= limit, throughput
+
+
+async def test_a_rate_below_the_default_floor_is_its_own_floor() -> None:
+    """--rate 0.4 failed every run ("ceiling 0.4 is below floor 0.5"): it is now honoured."""
+    from batchrun.effects.sending import make_limiter
+
+    limiter = await make_limiter(None, 0.4)
+    assert limiter is not None and limiter.rate == pytest.approx(0.4)
