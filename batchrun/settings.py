@@ -19,7 +19,19 @@ DEFAULT_DB = "sqlite:///batchrun.db"
 DEFAULT_MAIL = "file://outbox"
 
 
-def _float(env: Mapping[str, str], key: str, default: float, *, minimum: float = 0.0) -> float:
+# The largest number any setting takes (seconds, counts): 1e9 s (31 years) is more than any
+# lease, timeout or backoff needs, and keeps every millisecond sum within a 64-bit integer.
+MAX_SECONDS = 1e9
+
+
+def _float(
+    env: Mapping[str, str],
+    key: str,
+    default: float,
+    *,
+    minimum: float = 0.0,
+    maximum: float = MAX_SECONDS,
+) -> float:
     raw = env.get(key)
     if raw is None or raw == "":
         return default
@@ -29,6 +41,8 @@ def _float(env: Mapping[str, str], key: str, default: float, *, minimum: float =
         raise ConfigError(f"{key} must be a number, got {raw!r}") from None
     if not math.isfinite(value) or value < minimum:
         raise ConfigError(f"{key} must be a finite number of at least {minimum:g}, got {raw!r}")
+    if value > maximum:
+        raise ConfigError(f"{key} must be at most {maximum:,g}, got {raw[:40]!r}")
     return value
 
 

@@ -11,6 +11,7 @@ import typer
 from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, say
 from batchrun.cli.jobs import period_of
+from batchrun.db.store import MAX_ID
 from batchrun.runtime.resources import open_backends
 
 
@@ -25,7 +26,9 @@ from batchrun.runtime.resources import open_backends
 def preview(
     ctx: typer.Context,
     job: Annotated[str, typer.Argument(help="The job's name.")],
-    entity: Annotated[int, typer.Option("--id", min=1, help="The entity to render for.")],
+    entity: Annotated[
+        int, typer.Option("--id", min=1, max=MAX_ID, help="The entity to render for.")
+    ],
     period: Annotated[
         str | None, typer.Option("--period", help="The job's period; default: now (UTC).")
     ] = None,

@@ -65,6 +65,7 @@ def worker(
         typer.Option(
             "--visibility",
             min=1.0,
+            max=43_200.0,  # SQS's longest visibility timeout: 12 hours
             help="Seconds a taken message stays hidden; extended while it is worked on.",
         ),
     ] = 120.0,

@@ -32,7 +32,8 @@ def since_ms(text: str | None, *, now: float | None = None, hint: str = "--since
     now = time.time() if now is None else now
     span = _SPAN.match(text.strip())
     if span:
-        return int((now - int(span[1]) * _UNIT_S[span[2]]) * 1000)
+        # No further back than the epoch: a span of 10**20 days is "every run".
+        return max(0, int((now - min(int(span[1][:15]), 10**12) * _UNIT_S[span[2]]) * 1000))
     try:
         day = datetime.strptime(text.strip(), "%Y-%m-%d").replace(tzinfo=UTC)
     except ValueError:

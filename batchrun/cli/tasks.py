@@ -12,6 +12,7 @@ import typer
 from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.task_file import Submission, from_file, from_options
+from batchrun.db.store import MAX_ID
 from batchrun.errors import UsageError
 from batchrun.period import parse as parse_period
 from batchrun.runtime.resources import open_backends
@@ -110,7 +111,7 @@ def submit(
     job: Annotated[str, typer.Argument(help="The job's name.")],
     ids: Annotated[
         list[int] | None,
-        typer.Option("--id", min=1, help="An entity id; repeat for more."),
+        typer.Option("--id", min=1, max=MAX_ID, help="An entity id; repeat for more."),
     ] = None,
     period: Annotated[
         str | None,

@@ -11,6 +11,7 @@ from batchrun.cli.app import Invocation, app, no_task_period, period_option, run
 from batchrun.cli.conventions import examples, print_table, stdout
 from batchrun.control import story
 from batchrun.control.timeline import iso
+from batchrun.db.store import MAX_ID
 from batchrun.runtime.resources import open_backends
 
 
@@ -25,7 +26,9 @@ from batchrun.runtime.resources import open_backends
 def why(
     ctx: typer.Context,
     job: Annotated[str, typer.Argument(metavar="JOB", help="The job's name.")],
-    entity: Annotated[int, typer.Argument(metavar="ID", min=1, help="The entity's id.")],
+    entity: Annotated[
+        int, typer.Argument(metavar="ID", min=1, max=MAX_ID, help="The entity's id.")
+    ],
     period: Annotated[
         str | None,
         typer.Option("--period", help="The job's period; default: now (UTC). Not for a task job."),

@@ -137,3 +137,23 @@ def test_a_concurrency_past_the_cap_and_a_dry_run_fan_out_are_refused_first(
         assert says in one_line(result.stderr), result.stderr
     assert query(db, "SELECT COUNT(*) FROM batchrun_queue") == [(0,)]
     assert query(db, "SELECT COUNT(*) FROM batchrun_ledger") == [(0,)]
+
+
+def test_numbers_no_table_or_clock_can_hold_are_usage_errors(tmp_path: Path) -> None:
+    """They reached the database and failed there ("Python int too large to convert to
+    SQLite INTEGER", exit 1), or overflowed a deadline."""
+    db = f"sqlite:///{tmp_path / 'b.db'}"
+    env = {"BATCHRUN_DB": db, "BATCHRUN_MAIL": f"file://{tmp_path / 'out'}"}
+    assert run_cli("db", "migrate", env=env).returncode == 0
+    huge = "99999999999999999999"
+    for args, extra in (
+        (("why", "birthday", huge), {}),
+        (("preview", "birthday", "--id", huge), {}),
+        (("worker", "--visibility", "inf"), {}),
+        (("birthday", "--month", "2025-06", "--dry-run"), {"BATCHRUN_LEASE_S": "1e300"}),
+    ):
+        result = run_cli(*args, env=env | extra, timeout=60)
+        assert result.returncode == 2, (args, result.stderr)
+        one_line(result.stderr)
+    every = run_cli("runs", "--since", f"{huge}d", "--json", env=env)
+    assert every.returncode == 0 and every.stdout.strip() == "[]", every.stderr
