@@ -64,6 +64,21 @@ def finish(process: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
     return process.returncode, data, err
 
 
+def batchrun_at(
+    skew: str | None, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m batchrun ARGS`` to its end, under ``faketime -f SKEW`` when given."""
+    prefix = ["faketime", "-f", skew] if skew else []
+    return subprocess.run(
+        [*prefix, sys.executable, "-m", "batchrun", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def test_faketime_moves_the_venvs_python_clock() -> None:
     """The premise: faketime shifts time.time() of the interpreter the test starts."""
     shown = subprocess.run(
@@ -140,15 +155,7 @@ def test_hosts_a_minute_apart_see_a_run_alive_and_can_cancel_it(
     )
 
     def cli(skew: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-        prefix = ["faketime", "-f", skew] if skew else []
-        return subprocess.run(
-            [*prefix, sys.executable, "-m", "batchrun", *args],
-            env=env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return batchrun_at(skew, env, *args)
 
     def birthday_run(skew: str | None) -> dict[str, Any]:
         listed = cli(skew, "runs", "birthday", "--json")
@@ -187,15 +194,7 @@ def test_tasks_submitted_on_hosts_a_minute_apart_run_at_once_and_age_alike(
     env = {**migrate_task_jobs(db_url), "BATCHRUN_TASK_RESEND_S": "30"}
 
     def cli(skew: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-        prefix = ["faketime", "-f", skew] if skew else []
-        return subprocess.run(
-            [*prefix, sys.executable, "-m", "batchrun", *args],
-            env={**os.environ, **env},
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return batchrun_at(skew, {**os.environ, **env}, *args)
 
     ahead = cli("+60s", "submit", "steps", "--id", "1", "--key", "a1")
     behind = cli("-60s", "submit", "steps", "--id", "2", "--key", "b1")
