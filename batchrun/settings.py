@@ -60,12 +60,14 @@ def parse_rate(text: str, what: str = "--rate") -> float | Literal["auto"]:
 
 
 def _int(
-    env: Mapping[str, str], key: str, default: int, *, minimum: int = 0, maximum: int | None = None
+    env: Mapping[str, str],
+    key: str,
+    default: int,
+    *,
+    minimum: int = 0,
+    maximum: float = MAX_SECONDS,
 ) -> int:
-    value = int(_float(env, key, default, minimum=minimum))
-    if maximum is not None and value > maximum:
-        raise ConfigError(f"{key} must be at most {maximum:,}, got {env.get(key)!r}")
-    return value
+    return int(_float(env, key, default, minimum=minimum, maximum=maximum))
 
 
 # Entities worked on at once, at most: each is a task (and, for mail, a connection's worth of

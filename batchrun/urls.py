@@ -28,19 +28,29 @@ def mask_text(text: str, *urls: str | None) -> str:
     return text
 
 
-def shown(url: str) -> str:
-    """``url`` as a log line or a stored failure reason may show it: its scheme, host, port
-    and the last segment of its path (the endpoint a job called). No user, password, other
-    path segments, query or fragment: any of them may hold a key."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return f"{scheme_of(url) or '?'}://?"
+def origin(url: str) -> str:
+    """``url``'s scheme, host and port, as any line may show it (``?`` for a port that is
+    not a number); no user, password, path, query or fragment."""
+    parts = urlsplit(url)
     host = parts.hostname or "?"
     head = f"{parts.scheme}://" + (f"[{host}]" if ":" in host else host)
-    head += f":{port}" if port else ""
-    segments = [s for s in parts.path.split("/") if s]
+    try:
+        port = parts.port
+    except ValueError:
+        return head + ":?"
+    return head + (f":{port}" if port else "")
+
+
+def shown(url: str) -> str:
+    """``url`` as a log line or a stored failure reason may show it: its ``origin`` and
+    the last segment of its path (the endpoint a job called). No user, password, other
+    path segments, query or fragment: any of them may hold a key."""
+    try:
+        urlsplit(url).port  # noqa: B018 (a port that is not a number raises here)
+    except ValueError:  # that, or not a URL urlsplit reads (an unclosed '['): nothing shown
+        return f"{scheme_of(url) or '?'}://?"
+    head = origin(url)
+    segments = [s for s in urlsplit(url).path.split("/") if s]
     if not segments:
         return head
     return head + ("/" if len(segments) == 1 else "/…/") + segments[-1]
@@ -57,4 +67,4 @@ def scheme_of(url: str) -> str:
     return head.lower() if sep else ""
 
 
-__all__ = ["mask_text", "mask_url", "scheme_of", "shown", "split"]
+__all__ = ["mask_text", "mask_url", "origin", "scheme_of", "shown", "split"]

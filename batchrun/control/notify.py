@@ -24,6 +24,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from batchrun.errors import ConfigError
+from batchrun.urls import origin
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +33,7 @@ FAILURE_EXITS = frozenset({1, 3, 130})
 NotifyOn = Literal["failure", "always"]
 
 
-def where(url: str) -> str:
-    """The URL as a log line may show it: scheme, host and port only."""
-    parts = urlsplit(url)
-    host = parts.hostname or "?"
-    try:
-        port = parts.port
-    except ValueError:  # not a number, or out of range: refused by Notifier
-        return f"{parts.scheme}://{host}:?"
-    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+where = origin  # the URL as a log line may show it: scheme, host and port only
 
 
 class Notifier:
@@ -49,8 +42,12 @@ class Notifier:
     def __init__(self, url: str, *, on: NotifyOn = "failure", timeout_s: float = TIMEOUT_S) -> None:
         if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
             raise ConfigError(f"BATCHRUN_NOTIFY_URL must be an http(s):// URL, got {where(url)}")
-        if where(url).endswith(":?"):
-            raise ConfigError(f"BATCHRUN_NOTIFY_URL has a port that is not one: {where(url)}")
+        try:
+            urlsplit(url).port  # noqa: B018 (a port that is not a number raises here)
+        except ValueError:
+            raise ConfigError(
+                f"BATCHRUN_NOTIFY_URL has a port that is not one: {where(url)}"
+            ) from None
         self.url = url
         self.on = on
         self.timeout_s = timeout_s

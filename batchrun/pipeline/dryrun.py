@@ -26,27 +26,8 @@ async def dry_run(
     """Count the entities of (after, until] a run would take into ``summary``.
 
     A row's recipient (its ``Job.address`` column, when the page has one) is checked as
-    ``send_email`` would: an invalid or suppressed address is counted skipped. A dry run
-    stopped before the end (a signal, the Lambda's deadline) says so in ``stopped``, as a
-    run does: its counts are then partial.
+    ``send_email`` would: an invalid or suppressed address is counted skipped.
     """
-    try:
-        await _count(w, stop, job, period, options, summary, after, until)
-    finally:
-        if stop.stopping and summary.stopped is None:
-            summary.stopped = stop.reason or "stopped"
-
-
-async def _count(
-    w: Wiring,
-    stop: StopToken,
-    job: Job,
-    period: Period,
-    options: Options,
-    summary: Summary,
-    after: int,
-    until: int,
-) -> None:
     ctx, _ = w.effects.context(job, period, stop=stop, dry_run=True)
     scope = scope_of(ctx)
     fresh = not await w.store.period_started(job=job.name, period=str(period))

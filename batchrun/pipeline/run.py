@@ -103,6 +103,8 @@ async def run_period(
         from batchrun.pipeline.dryrun import dry_run as count
 
         await count(w, stop, job, period, options, summary, after, until)
+        if stop.stopping:  # a signal, the Lambda's deadline: its counts are partial
+            summary.stopped = stop.reason or "stopped"
         summary.duration_s = time.monotonic() - started
         return summary
     stop = stop.child()  # a breaker stops this run, not a worker serving many

@@ -140,8 +140,8 @@ async def revive_ledger(store: Store, letters: Sequence[DeadLetter]) -> int:
         if job is not None and period is not None and entity is not None:
             groups.setdefault((job, period), []).append(entity)
     changed = 0
+    now = await server_clock(store.db).now_ms()
     for (job, period), ids in groups.items():
-        now = await server_clock(store.db).now_ms()
         changed += await store.db.execute(
             "ledger_revive", job=job, period=period, ids=sorted(set(ids)), now=now
         )

@@ -21,6 +21,7 @@ from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 from batchrun.control import metrics, story
+from batchrun.db.store import MAX_ID
 from batchrun.errors import BatchrunError
 from batchrun.job import Job
 from batchrun.period import parse as parse_period
@@ -161,14 +162,14 @@ class Dashboard:
         except ValueError as exc:
             return PlainTextResponse(str(exc), status_code=400)
         entity_id = int(request.path_params["entity"])
-        if not _an_id(str(entity_id)):
+        if not 0 < entity_id <= MAX_ID:
             raise _NotFound("no such entity")
         told = await story.tell(self.runtime.wiring, job, period, entity_id)
         return self.page(request, "entity.html", story=told.to_json(), of_tasks=told.of_tasks)
 
     async def run_page(self, request: Request) -> Response:
         run_id = int(request.path_params["run"])
-        if not _an_id(str(run_id)):
+        if not 0 < run_id <= MAX_ID:
             raise _NotFound("no such run")
         found = await control.run(self.runtime, run_id)
         if found is None:
@@ -265,8 +266,8 @@ async def _form(request: Request) -> _Form:
 
 
 def _an_id(text: str) -> bool:
-    """Whether ``text`` is an id a table can hold: ASCII digits, 1 to 2**63 - 1."""
-    return text.isascii() and text.isdecimal() and len(text) <= 19 and 0 < int(text) < 2**63
+    """Whether ``text`` is an id a table can hold: ASCII digits, 1 to ``MAX_ID``."""
+    return text.isascii() and text.isdecimal() and len(text) <= 19 and 0 < int(text) <= MAX_ID
 
 
 def _back(request: Request, notice: str, to: str | None = None) -> Response:
