@@ -53,7 +53,7 @@ def ui(
         import uvicorn
 
         from batchrun.ui.app import create_app
-        from batchrun.ui.security import bind_error
+        from batchrun.ui.security import bind_error, token_warning
     except ImportError as exc:
         stderr.print(
             f"[red]error:[/] the dashboard needs {exc.name}: pip install 'batchrun\\[ui]'",
@@ -64,6 +64,9 @@ def ui(
     if refused is not None:
         stderr.print(f"[red]error:[/] {refused}", highlight=False, soft_wrap=True)
         raise typer.Exit(2)
+    weak = token_warning(token)
+    if weak is not None:  # still served: a setup with a short token keeps working
+        stderr.print(f"[yellow]warning:[/] {weak}", highlight=False, soft_wrap=True)
     try:
         registry = context.registry
     except BatchrunError as exc:

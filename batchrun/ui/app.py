@@ -7,18 +7,19 @@ backends), so tests and ``batchrun ui`` build it the same way.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp
 
 from batchrun.control import metrics, story
 from batchrun.db.store import MAX_ID
@@ -27,21 +28,15 @@ from batchrun.job import Job
 from batchrun.period import parse as parse_period
 from batchrun.runtime.runtime import Runtime
 from batchrun.task import is_task
-from batchrun.ui import control, data
-from batchrun.ui.security import COOKIE, Guard
+from batchrun.ui import control, data, notices
+from batchrun.ui.gate import Gate, read_form
+from batchrun.ui.security import COOKIE, Guard, SecureHeaders, client_address, too_many
 from batchrun.urls import mask_url
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).parent / "templates"))
 STATES = ("pending", "sent", "skipped", "retrying", "failed")
-MAX_FORM = 16 * 1024
-# No framing (clickjacking), nothing loaded from elsewhere: the pages' own style and script.
-HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; style-src 'unsafe-inline'; "
-    "script-src 'unsafe-inline'; frame-ancestors 'none'; form-action 'self'",
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-}
+
+log = logging.getLogger(__name__)
 
 RuntimeFactory = Callable[[], contextlib.AbstractAsyncContextManager[Runtime]]
 
@@ -70,7 +65,7 @@ class Dashboard:
             "db_url": mask_url(self.runtime.settings.db_url),
             "read_only": self.read_only,
             "csrf": self.guard.csrf,
-            "notice": request.query_params.get("notice", ""),
+            "notice": notices.text(request.query_params, self.runtime.jobs),
             "live_url": live,
             **values,
         }
@@ -199,39 +194,59 @@ class Dashboard:
     # -- actions --------------------------------------------------------------------------
 
     async def act(self, request: Request) -> Response:
-        form = await _form(request)
+        form = await read_form(request)
         job = self.job(request.path_params["job"])
         action = request.path_params["action"]
         period = form.get("period") or None  # none: every period of the job
+        if action not in control.ACTIONS:
+            return _back(request, "unknown-action")
         if period and is_task(job) and action != "resume":  # resume clears an old row
-            return _back(
-                request, f"{action} failed: {job.name} is a task job, which has no periods"
-            )
+            return _back(request, "task-period", action=action, job=job.name)
         try:
             which = parse_period(job.period, period) if period else None
+        except ValueError:
+            return _back(request, "bad-period", action=action, job=job.name)
+        try:
             done = await control.steer(self.runtime, job, which, action, form.get("reason"))
-        except (ValueError, BatchrunError) as exc:
-            return _back(request, f"{action} failed: {exc}")
-        return _back(request, done)
+        except BatchrunError as exc:
+            log.warning("%s of %s failed: %s", action, job.name, self._masked(exc))
+            return _back(request, "action-failed", action=action)
+        return _back(request, done, job=job.name, period=None if which is None else str(which))
 
     async def redrive(self, request: Request) -> Response:
-        form = await _form(request)
+        form = await read_form(request)
         ids = [v for v in form.getlist("id") if v]
         try:
             moved = await data.redrive(self.runtime, ids)
         except BatchrunError as exc:  # the queue keeps no dead letters, or cannot be reached
-            return _back(request, f"redrive failed: {exc}", "/dead")
-        return _back(request, f"{moved} dead letter{'s' if moved != 1 else ''} redriven", "/dead")
+            log.warning("redrive failed: %s", self._masked(exc))
+            return _back(request, "redrive-failed", "/dead")
+        return _back(request, "redriven", "/dead", count=moved)
+
+    def _masked(self, exc: Exception) -> str:
+        return control.masked(self.runtime, str(exc))
 
     async def login(self, request: Request) -> Response:
         if request.method == "GET":
-            return self.page(request, "login.html", db_url="")  # nothing of it before login
-        form = await _form(request)
+            # Nothing of the database before login, nor which jobs it serves.
+            notice = notices.text(request.query_params, jobs={})
+            return self.page(request, "login.html", db_url="", notice=notice)
+        address = client_address(request)
+        wait_s = self.guard.logins.wait_s(address)
+        if wait_s:  # the token is not even looked at
+            return too_many(wait_s)
+        form = await read_form(request)
         if not self.guard.token_matches(form.get("token", "")):
+            self.guard.logins.failed(address)
             return PlainTextResponse("wrong token", status_code=403)
         response = RedirectResponse("/", 303)
         response.set_cookie(
-            COOKIE, self.guard.session_value(), httponly=True, samesite="strict", path="/"
+            COOKIE,
+            self.guard.session_value(),
+            httponly=True,
+            samesite="strict",
+            path="/",
+            secure=request.url.scheme == "https",  # behind a TLS proxy too (proxy headers)
         )
         return response
 
@@ -240,43 +255,21 @@ class _NotFound(Exception):
     pass
 
 
-class _Form(dict[str, str]):
-    """A parsed form: the first value of each field, every value through ``getlist``."""
-
-    def __init__(self, fields: dict[str, list[str]]) -> None:
-        super().__init__({k: v[0] for k, v in fields.items() if v})
-        self._all = fields
-
-    def getlist(self, name: str) -> list[str]:
-        return self._all.get(name, [])
-
-
-async def _form(request: Request) -> _Form:
-    """The posted form; an empty one when its declared length is missing or over
-    ``MAX_FORM``: such a body is never read (``/login`` takes it from anyone, and the
-    server holds a body to its declared length). Read with ``body()``, which the gate's
-    read keeps for the endpoint's."""
-    declared = request.headers.get("content-length", "")
-    if not declared.isdecimal() or int(declared[:12]) > MAX_FORM:
-        return _Form({})
-    body = await request.body()
-    if len(body) > MAX_FORM:
-        return _Form({})
-    return _Form(parse_qs(body.decode("utf-8", "replace")))
-
-
 def _an_id(text: str) -> bool:
     """Whether ``text`` is an id a table can hold: ASCII digits, 1 to ``MAX_ID``."""
     return text.isascii() and text.isdecimal() and len(text) <= 19 and 0 < int(text) <= MAX_ID
 
 
-def _back(request: Request, notice: str, to: str | None = None) -> Response:
+def _back(
+    request: Request, notice: str, to: str | None = None, **values: str | int | None
+) -> Response:
     """Back to the page the form was on (the Referer's path on this dashboard), with the
-    notice; never to another site."""
+    notice ``notice`` (a key of ``notices.NOTICES``) and its values; never to another
+    site."""
     path = to or urlsplit(request.headers.get("referer", "")).path
     if not path.startswith("/") or path.startswith(("//", "/\\")):
         path = "/"
-    return RedirectResponse(f"{path}?{urlencode({'notice': notice})}", 303)
+    return RedirectResponse(f"{path}?{notices.query(notice, **values)}", 303)
 
 
 def _period_running(running: list[dict[str, Any]]) -> str | None:
@@ -299,30 +292,12 @@ async def _depths(rt: Runtime) -> dict[str, int | None]:
     return {"retry": waiting, "dead": dead}
 
 
-class _Gate(BaseHTTPMiddleware):
-    """The token (when set), the CSRF token of every POST, and read-only."""
+class _App(Starlette):
+    """Starlette with ``SecureHeaders`` around its whole stack: the error middleware
+    Starlette puts outermost answers too."""
 
-    def __init__(self, app: Any, dashboard: Dashboard) -> None:
-        super().__init__(app)
-        self.dashboard = dashboard
-
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        board = self.dashboard
-        if not board.guard.host_ok(request.headers.get("host", "")):
-            return PlainTextResponse("unexpected Host header", status_code=403)
-        if request.url.path != "/login" and not board.guard.allowed(request):
-            if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
-                return RedirectResponse("/login", 303)
-            return PlainTextResponse("unauthorized: BATCHRUN_UI_TOKEN", status_code=401)
-        if request.method == "POST" and request.url.path != "/login":
-            if board.read_only:
-                return PlainTextResponse("the dashboard is read-only", status_code=403)
-            form = await _form(request)
-            if not board.guard.csrf_ok(form.get("csrf")):
-                return PlainTextResponse("missing or wrong CSRF token", status_code=403)
-        response = await call_next(request)
-        response.headers.update(HEADERS)
-        return response
+    def build_middleware_stack(self) -> ASGIApp:
+        return SecureHeaders(super().build_middleware_stack())
 
 
 def create_app(open_runtime: RuntimeFactory, *, token: str | None, read_only: bool) -> Starlette:
@@ -349,9 +324,9 @@ def create_app(open_runtime: RuntimeFactory, *, token: str | None, read_only: bo
         Route("/metrics", board.metrics_page),
         Route("/login", board.login, methods=["GET", "POST"]),
     ]
-    return Starlette(
+    return _App(
         routes=routes,
-        middleware=[Middleware(_Gate, dashboard=board)],
+        middleware=[Middleware(Gate, guard=board.guard, read_only=read_only)],
         exception_handlers={_NotFound: _not_found},
         lifespan=lifespan,
     )

@@ -25,7 +25,8 @@ def _history(rt: Runtime) -> History:
     return History(rt.store.db, lease_s=rt.settings.lease_s)
 
 
-def _masked(rt: Runtime, text: str | None) -> str:
+def masked(rt: Runtime, text: str | None) -> str:
+    """``text`` with the passwords of the runtime's URLs masked."""
     settings = rt.settings
     return mask_text(text or "", settings.db_url, settings.mail_url, settings.retry_queue_url)
 
@@ -44,7 +45,7 @@ def row_view(rt: Runtime, run: RunRow) -> dict[str, Any]:
         "when": (iso(run.ended_at or run.heartbeat_at) or "").replace("T", " ")[:19],
         "took": f"{run.duration_s:.1f} s",
         "counts": run.counts or {},
-        "error": _masked(rt, run.error),
+        "error": masked(rt, run.error),
     }
 
 
@@ -125,18 +126,16 @@ async def paused(rt: Runtime, job: Job, period: str) -> bool:
 async def steer(
     rt: Runtime, job: Job, period: Period | None, action: str, reason: str | None
 ) -> str:
-    """Pause, resume or cancel the job's period (None: every period of the job); the line
-    the page shows."""
+    """Pause, resume or cancel the job's period (None: every period of the job); the key
+    of the notice the page shows (``notices.NOTICES``)."""
     controls = Controls(rt.store.db)
     which = None if period is None else str(period)
-    what = f"{job.name} {which}" if which else job.name
     if action == "pause":
         await controls.pause(job.name, which, reason or "from the dashboard")
-        return f"{what} paused: running processes hold at their next heartbeat"
+        return "paused"
     if action == "resume":
-        resumed = await controls.resume(job.name, which)
-        return f"{what} resumed" if resumed else f"{what} was not paused"
+        return "resumed" if await controls.resume(job.name, which) else "not-paused"
     if action == "cancel":
         await controls.cancel(job.name, which)
-        return f"{what} cancelled: the runs going on now stop at their next heartbeat"
+        return "cancelled"
     raise UsageError(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")

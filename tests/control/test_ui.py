@@ -4,14 +4,17 @@ check. The real-browser tests are in test_ui_browser.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
+from starlette.applications import Starlette
 from support.db import mysql_connect, query
 from support.ui import client_of, csrf_of, make_app
 from typer.testing import CliRunner
@@ -26,7 +29,16 @@ from batchrun.period import parse
 from batchrun.queue.base import from_url as queue_from_url
 from batchrun.runtime import Runtime
 from batchrun.settings import Settings
-from batchrun.ui.security import bind_error, is_loopback
+from batchrun.ui import notices
+from batchrun.ui.security import (
+    HEADERS,
+    LOGIN_LIMIT,
+    LOGIN_WINDOW_S,
+    LoginLimiter,
+    bind_error,
+    is_loopback,
+    token_warning,
+)
 
 JUNE = parse("month", "2025-06")
 DEAD_ADDRESS = "dead@example.org"
@@ -295,7 +307,7 @@ async def test_runs_and_steering_through_the_pages(settings: Settings, db_url: s
             await client.post("/jobs/birthday/pause", data={"period": "2025-06"})
         ).status_code == 403
         bad = await client.post("/jobs/birthday/explode", data={"csrf": token})
-        assert bad.status_code == 303 and "unknown+action" in bad.headers["location"]
+        assert bad.status_code == 303 and "notice=unknown-action" in bad.headers["location"]
 
 
 async def test_a_foreign_host_header_is_refused_without_a_token(
@@ -331,3 +343,189 @@ async def test_an_action_never_redirects_to_another_site(
             headers={"referer": "http://127.0.0.1/jobs/birthday?period=2025-06"},
         )
         assert done.headers["location"].startswith("/jobs/birthday?notice=")
+
+
+@contextlib.asynccontextmanager
+async def client_at(
+    app: Starlette, base_url: str = "http://127.0.0.1", **transport: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """``client_of`` with its base URL (its scheme) and transport options (``client``: the
+    address it comes from) chosen."""
+    async with app.router.lifespan_context(app):
+        asgi = httpx.ASGITransport(app=app, **transport)
+        async with httpx.AsyncClient(transport=asgi, base_url=base_url) as client:
+            yield client
+
+
+def assert_secure_headers(response: httpx.Response) -> None:
+    for name, value in HEADERS.items():
+        assert response.headers.get(name) == value, (response.status_code, name)
+
+
+async def test_every_response_carries_the_security_headers(
+    sqlite_url: str, make_settings: Any
+) -> None:
+    """The gate's refusals and redirect, the framework's 404, 405 and 500 too (the headers
+    were set on the pages only)."""
+    settings = make_settings(sqlite_url)
+    await prepare(settings, fail_one=False)
+    token = uuid.uuid4().hex
+    auth = {"authorization": f"Bearer {token}"}
+    async with client_at(make_app(settings, token=token), raise_app_exceptions=False) as client:
+        answers = {
+            401: await client.get("/metrics"),
+            303: await client.get("/", headers={"accept": "text/html"}),
+            403: await client.post("/login", data={"token": "nope"}),
+            404: await client.get("/no/such/page", headers=auth),
+            405: await client.get("/dead/redrive", headers=auth),
+            200: await client.get("/", headers=auth),
+        }
+        query(sqlite_url, "DROP TABLE batchrun_run")
+        answers[500] = await client.get("/", headers=auth)
+        for status, answer in answers.items():
+            assert answer.status_code == status, (status, answer.text[:200])
+            assert_secure_headers(answer)
+        no_csrf = await client.post("/jobs/birthday/pause", headers=auth)
+        assert no_csrf.status_code == 403
+        assert_secure_headers(no_csrf)
+    async with client_of(make_app(settings, read_only=True)) as client:
+        for refused in (
+            await client.get("/", headers={"host": "evil.example"}),
+            await client.post("/dead/redrive", data={"id": "1"}),
+        ):
+            assert refused.status_code == 403
+            assert_secure_headers(refused)
+
+
+async def test_the_session_cookie_is_secure_over_https_only(
+    sqlite_url: str, make_settings: Any
+) -> None:
+    settings = make_settings(sqlite_url)
+    await prepare(settings, fail_one=False)
+    token = uuid.uuid4().hex
+    app = make_app(settings, token=token)
+    for base_url, secure in (("https://127.0.0.1", True), ("http://127.0.0.1", False)):
+        async with client_at(app, base_url) as client:
+            signed = await client.post("/login", data={"token": token})
+            assert signed.status_code == 303
+            flags = [f.strip().lower() for f in signed.headers["set-cookie"].split(";")]
+            assert ("secure" in flags) is secure, (base_url, flags)
+            assert "httponly" in flags and "samesite=strict" in flags
+
+
+async def test_wrong_tokens_from_one_address_get_429_until_the_window_passes(
+    sqlite_url: str, make_settings: Any
+) -> None:
+    """Past ``LOGIN_LIMIT`` wrong tokens (login form or Bearer) an address gets 429 with
+    Retry-After, its token not looked at; a login that works is not counted; another
+    address is not held back."""
+    settings = make_settings(sqlite_url)
+    await prepare(settings, fail_one=False)
+    token = uuid.uuid4().hex
+    app = make_app(settings, token=token)
+    async with client_at(app, client=("192.0.2.1", 4000)) as client:
+        for _ in range(LOGIN_LIMIT - 1):
+            assert (await client.post("/login", data={"token": "nope"})).status_code == 403
+        assert (await client.post("/login", data={"token": token})).status_code == 303
+        assert (await client.post("/login", data={"token": "nope"})).status_code == 403
+        held = await client.post("/login", data={"token": token})
+        assert held.status_code == 429, held.text
+        assert 0 < int(held.headers["retry-after"]) <= LOGIN_WINDOW_S
+        assert len(held.text) < 80 and token not in held.text
+        assert_secure_headers(held)
+        assert (await client.get("/")).status_code == 200  # its cookie still serves
+    async with client_at(app, client=("192.0.2.2", 4000)) as client:
+        assert (await client.post("/login", data={"token": "nope"})).status_code == 403
+        for _ in range(LOGIN_LIMIT - 1):
+            wrong = await client.get("/metrics", headers={"authorization": "Bearer nope"})
+            assert wrong.status_code == 401
+        right = {"authorization": f"Bearer {token}"}
+        held = await client.get("/metrics", headers=right)
+        assert held.status_code == 429 and int(held.headers["retry-after"]) > 0
+        assert (await client.post("/login", data={"token": token})).status_code == 429
+    async with client_at(app, client=("192.0.2.3", 4000)) as client:
+        assert (await client.get("/metrics", headers=right)).status_code == 200
+
+
+def test_the_login_limiter_forgets_passed_windows_and_stays_bounded() -> None:
+    now = [1000.0]
+    limiter = LoginLimiter(3, 60.0, max_addresses=5, clock=lambda: now[0])
+    for _ in range(3):
+        assert limiter.wait_s("a") == 0
+        limiter.failed("a")
+    assert limiter.wait_s("a") == 60
+    now[0] += 59.5
+    assert limiter.wait_s("a") == 1
+    now[0] += 0.5
+    assert limiter.wait_s("a") == 0 and len(limiter) == 0  # its window passed: forgotten
+    for n in range(100):  # a flood of addresses, within one window
+        now[0] += 0.01
+        limiter.failed(f"flood-{n}")
+    assert len(limiter) == 5  # the oldest made way
+    for _ in range(3):
+        limiter.failed("flood-99")
+    assert limiter.wait_s("flood-99") > 0 and limiter.wait_s("flood-0") == 0
+    now[0] += 61
+    limiter.failed("b")
+    assert len(limiter) == 1
+
+
+async def test_a_notice_is_one_of_a_fixed_set(sqlite_url: str, make_settings: Any) -> None:
+    """``?notice=`` names a fixed text, with values the dashboard could have given; any
+    other text shows nothing (it was shown as given)."""
+    settings = make_settings(sqlite_url)
+    await prepare(settings, fail_one=False)
+    async with client_of(make_app(settings, token=uuid.uuid4().hex)) as client:
+        login = await client.get("/login", params={"notice": "Session expired: sign in at x.test"})
+        assert login.status_code == 200
+        assert "x.test" not in login.text and 'id="notice"' not in login.text
+        named = await client.get("/login?notice=resumed&notice_job=birthday")
+        assert 'id="notice"' not in named.text  # which jobs there are is not told
+    paused = "birthday 2025-06 paused: running processes hold at their next heartbeat"
+    async with client_of(make_app(settings)) as client:
+        shown = {
+            "notice=paused&notice_job=birthday&notice_period=2025-06": paused,
+            "notice=redriven&notice_count=1": "1 dead letter redriven",
+            "notice=redriven&notice_count=3": "3 dead letters redriven",
+            "notice=resumed&notice_job=birthday": "birthday resumed",
+        }
+        for params, text in shown.items():
+            page = await client.get(f"/?{params}")
+            assert f'id="notice">{text}</p>' in page.text, params
+        for params in (
+            "notice=You+have+won",
+            "notice=paused&notice_job=nosuchjob",
+            "notice=paused&notice_job=birthday&notice_period=June",
+            "notice=paused",  # the text takes a job
+            "notice=redriven&notice_count=" + "9" * 40,
+            "notice=task-period&notice_job=birthday&notice_action=explode",
+        ):
+            page = await client.get(f"/?{params}")
+            assert 'id="notice"' not in page.text, params
+        token = csrf_of((await client.get("/")).text)
+        done = await client.post(
+            "/jobs/birthday/pause",
+            data={"csrf": token, "period": "2025-06"},
+            headers={"referer": "http://127.0.0.1/jobs/birthday"},
+        )
+        assert done.status_code == 303
+        assert paused in (await client.get(done.headers["location"])).text
+    assert set(notices.NOTICES) >= {"paused", "resumed", "cancelled", "redriven"}
+
+
+def test_a_short_token_is_warned_about_and_the_dashboard_still_starts(tmp_path: Path) -> None:
+    """One warning line for a token under 16 characters, never the token; the start goes
+    on (here to the database check, which fails: no server is left running)."""
+    assert token_warning(None) is None and token_warning("x" * 16) is None
+    assert "BATCHRUN_UI_TOKEN" in (token_warning("short") or "")
+    env = {k: None for k in os.environ if k.startswith("BATCHRUN_")}
+    env["BATCHRUN_DB"] = f"sqlite:///{tmp_path / 'missing.db'}"
+    for token, warned in (("s3cr3t", True), (uuid.uuid4().hex, False)):
+        result = CliRunner().invoke(
+            cli_app, ["ui", "--port", "0"], env={**env, "BATCHRUN_UI_TOKEN": token}
+        )
+        assert result.exit_code == 1, result.output
+        assert "batchrun db migrate" in result.output  # past the warning
+        lines = [line for line in result.output.splitlines() if "warning" in line]
+        assert len(lines) == (1 if warned else 0), result.output
+        assert token not in result.output
