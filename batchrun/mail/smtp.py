@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 import aiosmtplib
+from aiosmtplib.auth import auth_login_encode, auth_plain_encode
 
 from batchrun.errors import (
     MailConnectionError,
@@ -375,7 +376,14 @@ class SmtpMailer:
         return TemporaryMailError(f"unexpected reply {reason}")
 
     def _scrub(self, text: str) -> str:
-        """Remove the password from text that may echo what the server saw."""
+        """Remove the password from text that may echo what the server saw: as given, and
+        as AUTH PLAIN and AUTH LOGIN sent it (base64)."""
         if self._password:
-            text = text.replace(self._password, "***")
+            user = self._username or ""
+            for secret in (
+                self._password,
+                auth_plain_encode(user, self._password).decode(),
+                auth_login_encode(user, self._password)[1].decode(),
+            ):
+                text = text.replace(secret, "***")
         return text

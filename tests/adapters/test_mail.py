@@ -758,6 +758,46 @@ async def test_errors_never_contain_the_password(
     assert "hunter2" not in repr(mailer)
 
 
+@pytest.mark.parametrize("mechanism", ["PLAIN", "LOGIN"])
+async def test_a_server_that_echoes_the_login_back_shows_no_password(
+    make_mailer: MakeMailer, mechanism: str
+) -> None:
+    """The password in base64, as AUTH PLAIN and AUTH LOGIN send it, is masked too when a
+    server puts what it was sent into its refusal (the reason is stored and shown)."""
+    got: list[str] = []
+
+    async def session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 echo ESMTP\r\n")
+        while line := (await reader.readline()).decode().strip():
+            verb = line.split(" ", 1)[0].upper()
+            if verb == "EHLO":
+                writer.write(f"250-echo\r\n250 AUTH {mechanism}\r\n".encode())
+            elif verb == "QUIT":
+                writer.write(b"221 bye\r\n")
+                break
+            else:
+                got.append(line)
+                done = mechanism == "PLAIN" or len(got) == 2  # LOGIN: verb and user, password
+                reply = f"535 5.7.8 refused: {' | '.join(got)}" if done else "334 go on"
+                writer.write(f"{reply}\r\n".encode())
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(session, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        mailer = make_mailer(f"smtp://bob:hunter2hunter2@127.0.0.1:{port}")
+        with pytest.raises(MailConnectionError, match="refused the login") as info:
+            await mailer.send(make_message())
+    finally:
+        server.close()
+    assert got, "the server saw the login"
+    encoded = [w for line in got for w in line.split()[-1:]]
+    assert any("hunter2" not in w and len(w) >= 12 for w in encoded)  # base64 went out
+    for secret in ("hunter2hunter2", *encoded[-1:]):
+        assert secret not in str(info.value), (secret, str(info.value))
+
+
 async def test_an_unbuildable_message_is_permanent_and_sends_nothing(
     smtp_server: SmtpTestServer, make_mailer: MakeMailer
 ) -> None:
