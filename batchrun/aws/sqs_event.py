@@ -13,6 +13,7 @@ from typing import Any
 from batchrun.aws.invocation import make_runtime, summary_metrics
 from batchrun.control.runrecord import RunRecord
 from batchrun.db.store import State
+from batchrun.errors import UsageError
 from batchrun.events import ses as mail_events
 from batchrun.pipeline.apply import Disposition, settle_messages
 from batchrun.pipeline.engine import StopToken
@@ -32,10 +33,10 @@ async def handle_sqs(
     stop: StopToken,
     options: Options,
 ) -> tuple[dict[str, Any], dict[str, float]]:
-    records = [r for r in event["Records"] if isinstance(r, Mapping)]
+    records = _records(event["Records"])
     items = [
         Received(
-            message_id=str(r.get("messageId", "")),
+            message_id=r["messageId"],
             receipt=str(r.get("receiptHandle", "")),
             body=str(r.get("body", "")),
             receive_count=_int(_attributes(r).get("ApproximateReceiveCount"), 1),
@@ -92,6 +93,27 @@ async def handle_sqs(
             await runtime.resend_lost_tasks(backends.queue, in_flight=len(items))
     metrics["Failures"] = len(failures)
     return {"batchItemFailures": failures}, metrics
+
+
+def _records(records: list[Any]) -> list[Mapping[str, Any]]:
+    """The event's records, each an object with its own ``messageId``.
+
+    Raises:
+        UsageError: a record that is not one, or two records with one id: the Lambda
+            names a failed record by its id alone, so such a batch could only be
+            settled wrongly (SQS itself never sends one; a hand-made test event may).
+    """
+    seen: set[str] = set()
+    for number, record in enumerate(records, 1):
+        if not isinstance(record, Mapping):
+            raise UsageError(f"SQS event: record {number} is not an object")
+        message_id = record.get("messageId")
+        if not isinstance(message_id, str) or not message_id:
+            raise UsageError(f"SQS event: record {number} has no messageId")
+        if message_id in seen:
+            raise UsageError(f"SQS event: record {number} repeats messageId {message_id[:80]!r}")
+        seen.add(message_id)
+    return records
 
 
 def _queue_id(url_or_arn: str) -> tuple[str, str, str]:

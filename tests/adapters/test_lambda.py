@@ -242,6 +242,16 @@ def test_odd_events_are_one_clear_error_or_read_as_meant(
     ]
     answer = aws_lambda.handle({"Records": records}, FakeContext(30), environ=environ)
     assert answer["batchItemFailures"] == [], "poison both, dead-lettered, not a crash"
+    # A failed record is named by its id alone: records without one, or sharing one, could
+    # only be settled wrongly (they shared the id "" and one disposition).
+    for bad, says in (
+        ([{"receiptHandle": "r1", "body": body}], "record 1 has no messageId"),
+        ([records[0], {**records[1], "messageId": ""}], "record 2 has no messageId"),
+        ([records[0], records[0]], "record 2 repeats messageId 'm1'"),
+        ([records[0], "m2"], "record 2 is not an object"),
+    ):
+        with pytest.raises(BatchrunError, match=says):
+            aws_lambda.handle({"Records": bad}, FakeContext(30), environ=environ)
 
     class Mute(FakeContext):
         def get_remaining_time_in_millis(self) -> Any:
