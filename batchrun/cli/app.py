@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from batchrun import __version__
-from batchrun.cli.conventions import stderr
+from batchrun.cli.conventions import reader_gone, stderr
 from batchrun.errors import BatchrunError, ConfigError
 from batchrun.job import Job
 from batchrun.period import Period, Unit, current, parse
@@ -292,9 +292,12 @@ def run_command(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]
     context: Invocation = ctx.obj
     try:
         code = asyncio.run(make())
+        sys.stdout.flush()  # here, so a reader gone before the last line is seen below
     except KeyboardInterrupt:
         stderr.print(Text("aborted", style="red"))
         raise typer.Exit(130) from None
+    except BrokenPipeError:
+        reader_gone()
     except Exception as exc:
         if isinstance(exc, click_exceptions.ClickException | typer.Exit | typer.Abort):
             raise  # usage errors inside a command: click's own line and exit 2

@@ -8,7 +8,9 @@
 - Output: ``print_table`` / ``print_pairs`` draw a rich table on a terminal and plain
   columns (no box drawing, nothing cut, no wrapping) when stdout is a pipe or a file;
   ``say`` writes one line to stderr, never hard-wrapped.
-- ``did_you_mean`` for an unknown name.
+- A closed stdout (``| head``) ends the command quietly with 141 (``reader_gone``).
+- ``did_you_mean`` for an unknown name; ``output_file`` for an option naming a file to
+  write (a usage error, before any work, when it cannot be one).
 
 A new command needs nothing but ``epilog=examples(...)`` and these printers:
 
@@ -20,8 +22,12 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import os
+import signal
+import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -29,8 +35,27 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-stdout = Console(soft_wrap=True)
-stderr = Console(stderr=True, soft_wrap=True)
+from batchrun.errors import UsageError
+
+# The exit status of a program that SIGPIPE ended, as `git log | head` leaves it.
+BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
+
+
+def reader_gone() -> NoReturn:
+    """Stdout's reader went away (``batchrun runs --json | head -1``): nothing to say; stdout
+    goes nowhere so the interpreter's last flush is quiet, and the exit status is 141."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(BROKEN_PIPE_EXIT)
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:  # rich's own exits 1, as if batchrun had failed
+        self.quiet = True
+        reader_gone()
+
+
+stdout = _Console(soft_wrap=True)
+stderr = _Console(stderr=True, soft_wrap=True)
 
 # The metavar of an option whose name says little about its value; any other option that
 # takes a value shows its own name in capitals (--period PERIOD), a number shows N.
@@ -252,3 +277,17 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``choices``, or ""."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def output_file(option: str, path: Path) -> Path:
+    """``path``, given to ``option`` as a file for a command to write.
+
+    Raises:
+        UsageError: it names a folder, or a file in a folder that does not exist (exit 2),
+            so a command fails before its work rather than after it.
+    """
+    if not path.name or path.is_dir():
+        raise UsageError(f"{option} {str(path)!r}: a folder, not a file")
+    if not path.parent.is_dir():
+        raise UsageError(f"{option} {str(path)!r}: no folder {str(path.parent)!r}")
+    return path

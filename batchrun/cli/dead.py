@@ -112,7 +112,7 @@ def dead_redrive(
                     {"redriven": len(moved), "ids": [m.id for m in moved], "not_found": missing}
                 )
             )
-        else:
+        elif moved or not missing:
             stderr.print(f"redrove {len(moved)} dead letters", highlight=False)
         if missing:
             stderr.print(

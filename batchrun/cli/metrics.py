@@ -9,8 +9,7 @@ from typing import Annotated
 import typer
 
 from batchrun.cli.app import Invocation, app, run_command
-from batchrun.cli.conventions import examples, stderr
-from batchrun.errors import UsageError
+from batchrun.cli.conventions import examples, output_file, stderr
 from batchrun.runtime.resources import open_backends
 
 
@@ -46,8 +45,8 @@ def metrics_command(
     async def go() -> int:
         from batchrun.control import metrics  # prometheus-client: only for this command
 
-        if textfile is not None and not textfile.parent.is_dir():
-            raise UsageError(f"--textfile {textfile}: no folder {textfile.parent}")
+        if textfile is not None:
+            output_file("--textfile", textfile)
         async with open_backends(settings, queue=True) as backends:
             runs = await metrics.last_runs(backends.store)
             snapshot = await metrics.collect(backends.store, backends.queue, last_runs=runs)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from batchrun.cli.app import Invocation, app, run_command
-from batchrun.cli.conventions import examples, say
+from batchrun.cli.conventions import examples, output_file, say, stderr
 from batchrun.cli.jobs import period_of
 from batchrun.db.store import MAX_ID
 from batchrun.runtime.resources import open_backends
@@ -54,13 +54,19 @@ def preview(
 
     async def go() -> int:
         which = period_of(context, job, period)
+        if html is not None:
+            output_file("--html", html)
         entry = context.registry.entry(job)
         async with open_backends(settings, jobs=[entry.job]) as backends:
             message = await context.runtime(backends).preview(job, which, entity)
         parsed = message.to_email(utf8=True)  # a non-ASCII local part shown as it is
         text = parsed.get_body(("plain",))
         if html is not None:
-            html.write_text(message.html, encoding="utf-8")
+            try:
+                html.write_text(message.html, encoding="utf-8")
+            except OSError as exc:
+                stderr.print(f"[red]error:[/] cannot write {html}: {exc.strerror}", highlight=False)
+                return 1
             say(f"HTML part written to {html}")
         if as_json:
             data = {

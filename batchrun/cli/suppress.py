@@ -123,6 +123,8 @@ def suppress_remove(
 ) -> None:
     """Take ADDR off the suppression list: jobs mail it again from their next run."""
     context: Invocation = ctx.obj
+    if not address.strip():
+        raise typer.BadParameter("an empty address", param_hint="ADDR")
     addr = address_key(address.strip())
 
     async def go() -> int:

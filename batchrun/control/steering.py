@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,6 +38,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 EVERY_PERIOD = ""
 MAX_REASON_CHARS = 200
+
+
+def _one_line(text: str) -> str:
+    """``text`` as one line for a table cell: control characters (a newline, a terminal's
+    escape) become spaces, runs of spaces one."""
+    return " ".join("".join(" " if unicodedata.category(c) == "Cc" else c for c in text).split())
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +65,7 @@ class Controls:
         self.db = db
 
     async def pause(self, job: str, period: str | None = None, reason: str | None = None) -> None:
-        text = (reason or "")[:MAX_REASON_CHARS] or None
+        text = _one_line(reason or "")[:MAX_REASON_CHARS] or None
         await self.db.execute(
             "control_pause",
             job=job,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from batchrun import schemes
 from batchrun.effects.backends import BackendPool
 from batchrun.effects.sending import Sender, make_limiter
+from batchrun.errors import ConfigError
 from batchrun.job import Context, Job
 from batchrun.period import Period
 from batchrun.policy.pacing import CircuitBreaker
@@ -57,13 +58,19 @@ class Effects:
         self.backends = BackendPool(settings, getattr(store, "db", None))  # None: no store
 
     def templates(self, job: Job) -> Templates:
-        """The job's templates (``--templates``, its own folder, batchrun's), compiled once."""
+        """The job's templates (``--templates``, its own folder, batchrun's), compiled once.
+
+        Raises:
+            ConfigError: ``--templates`` names no folder (exit 2, before anything is sent).
+        """
         found = self._templates.get(job.name)
         if found is None:
             from batchrun.templates import DEFAULTS, Templates, job_folder
 
             folder = self._templates_dirs.get(job.name) or job_folder(job)
             override = self.settings.templates_dir
+            if override is not None and not Path(override).is_dir():
+                raise ConfigError(f"--templates (BATCHRUN_TEMPLATES) {override}: no such folder")
             found = Templates([p for p in (override, folder, DEFAULTS) if p is not None])
             self._templates[job.name] = found
         return found

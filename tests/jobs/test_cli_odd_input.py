@@ -4,6 +4,9 @@ with a bad connect_timeout, and a backslash-escaped quote in a MySQL string lite
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,3 +160,73 @@ def test_numbers_no_table_or_clock_can_hold_are_usage_errors(tmp_path: Path) -> 
         one_line(result.stderr)
     every = run_cli("runs", "--since", f"{huge}d", "--json", env=env)
     assert every.returncode == 0 and every.stdout.strip() == "[]", every.stderr
+
+
+def test_files_folders_and_text_that_cannot_be_meant_are_one_line_before_any_work(
+    tmp_path: Path,
+) -> None:
+    """Each failed after its work (exit 1, "Device or resource busy", a traceback's last
+    line), was accepted silently, or printed two lines; a pause reason's newline and
+    terminal escape broke the status table."""
+    db = f"sqlite:///{tmp_path / 'b.db'}"
+    env = {"BATCHRUN_DB": db, "BATCHRUN_MAIL": f"file://{tmp_path / 'out'}"}
+    assert run_cli("db", "migrate", env=env).returncode == 0
+    assert run_cli("db", "seed", "--users", "50", env=env).returncode == 0
+    month = ("birthday", "--month", "2025-06")
+    missing = str(tmp_path / "nowhere" / "x")
+    for args, extra, says in (
+        (("metrics", "--textfile", ""), {}, "a folder, not a file"),
+        (("metrics", "--textfile", missing), {}, "no folder"),
+        (("preview", "birthday", "--id", "9", "--html", str(tmp_path)), {}, "a folder"),
+        (("preview", "birthday", "--id", "9", "--html", missing), {}, "no folder"),
+        (("suppress", "remove", " "), {}, "an empty address"),
+        (month, {"BATCHRUN_TEMPLATES": missing}, "no such folder"),
+        (("--templates", missing, *month, "--dry-run"), {}, "no such folder"),
+        (("--templates", missing, "preview", "birthday", "--id", "9"), {}, "no such folder"),
+    ):
+        result = run_cli(*args, env=env | extra, timeout=60)
+        assert result.returncode == 2, (args, result.stderr)
+        assert says in one_line(result.stderr), (args, result.stderr)
+    assert query(db, "SELECT COUNT(*) FROM batchrun_ledger") == [(0,)]
+    assert not (tmp_path / "out").exists(), "nothing sent"
+
+    redrive = run_cli("dead", "redrive", "--id", "123456", env=env)
+    assert redrive.returncode == 1
+    assert "no dead letter with id 123456" in one_line(redrive.stderr)
+
+    reason = "SES complaints\n\x1b[31mtoo many\tfor now"
+    assert run_cli("pause", "birthday", "--reason", reason, env=env).returncode == 0
+    status = run_cli("status", env=env | {"COLUMNS": "200"})
+    row = next(line for line in status.stdout.splitlines() if line.startswith("birthday"))
+    assert row.endswith("every period (SES complaints [31mtoo many for now)"), status.stdout
+    assert "\x1b" not in status.stdout
+
+
+@pytest.mark.parametrize(
+    "args", [("status",), ("runs", "--json"), ("preview", "birthday", "--id", "9")]
+)
+def test_a_reader_that_goes_away_ends_the_command_quietly(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """``batchrun ... | head -1``: a BrokenPipeError line and exit 1 (or rich's silent 1)
+    before; now nothing on stderr and 141, as for a program SIGPIPE ended."""
+    db = f"sqlite:///{tmp_path / 'b.db'}"
+    env = {"BATCHRUN_DB": db}
+    assert run_cli("db", "migrate", env=env).returncode == 0
+    assert run_cli("db", "seed", "--users", "50", env=env).returncode == 0
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line
+    try:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")} | env
+        done = subprocess.run(
+            [sys.executable, "-m", "batchrun", *args],
+            env=full,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, ""), done.stderr

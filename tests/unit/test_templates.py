@@ -310,11 +310,14 @@ def test_a_jobs_templates_search_override_then_job_folder_then_defaults(tmp_path
     assert job_folder(Here()) == tests / "templates"
     assert job_folder(Relative) == tests / "emails"
     assert templates_of(Elsewhere()).search == (tmp_path / "mine", DEFAULTS)
+    (tmp_path / "o").mkdir()  # an override that is no folder is refused (below)
     assert templates_of(Elsewhere(), override=tmp_path / "o").search == (
         tmp_path / "o",
         tmp_path / "mine",
         DEFAULTS,
     )
+    with pytest.raises(ConfigError, match="no such folder"):
+        templates_of(Elsewhere(), override=tmp_path / "nowhere")
     write(tmp_path / "mine", {"hi/subject.txt": "Hi {{ who }}", "hi/body.txt": "Hello {{ who }}\n"})
     assert templates_of(Elsewhere()).render("hi", {"who": "you"}) == Rendered(
         subject="Hi you", text="Hello you\n", html=None
