@@ -89,9 +89,12 @@ class TaskStore:
         )
         return added > 0
 
-    async def withdraw(self, job: str, key: str) -> bool:
-        """Take back a submission no process has started (its message was never sent)."""
-        return await self.db.execute("task_withdraw", job=job, key=key) > 0
+    async def withdraw(self, job: str, keys: list[str]) -> int:
+        """Take back the submissions of ``keys`` (at most a few hundred) that no process
+        has started (their messages were never sent), in one statement; how many."""
+        if not keys:
+            return 0
+        return await self.db.execute("task_withdraw", job=job, keys=keys)
 
     async def claim_resend(self, job: str, key: str, now: int, cutoff: int) -> bool:
         """Whether this process is to send ``key``'s message again: its task was never

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -237,10 +240,26 @@ async def _known(
 
 
 async def _withdraw(store: TaskStore, job: str, keys: list[str]) -> None:
-    """Take back the submissions whose message was not sent; the error that stopped the
-    sending is the one to report, so a failure here is only logged."""
-    for key in keys:
-        try:
-            await store.withdraw(job, key)
-        except Exception as exc:
-            log.error("task %r of job %r recorded but not queued: %s", key, job, exc)
+    """Take back the submissions whose message was not sent, in one statement; the error
+    that stopped the sending is the one to report, so a failure here is only logged.
+
+    Shielded: a second cancellation (the first is often what stopped the sending) ends
+    the wait for it, not the statement, which would otherwise leave rows that no message
+    names until the lost-task sweep (``BATCHRUN_TASK_RESEND_S``)."""
+    if not keys:
+        return
+    withdrawal = asyncio.ensure_future(store.withdraw(job, keys))
+    withdrawal.add_done_callback(functools.partial(_log_failed_withdrawal, job, keys))
+    with contextlib.suppress(Exception):  # logged there
+        await asyncio.shield(withdrawal)
+
+
+def _log_failed_withdrawal(job: str, keys: list[str], done: asyncio.Future[int]) -> None:
+    if not done.cancelled() and done.exception() is not None:
+        log.error(
+            "%d task(s) of job %r recorded but not queued (%s): the lost-task sweep sends them: %s",
+            len(keys),
+            job,
+            ", ".join(repr(k) for k in keys[:5]) + (" ..." if len(keys) > 5 else ""),
+            done.exception(),
+        )

@@ -5,6 +5,7 @@ On SQLite, MariaDB and PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -160,6 +161,50 @@ async def test_what_the_queue_took_of_a_failed_call_stays(store: Any) -> None:
     assert kept == [0, 2, *range(4, 10)] and told == [f"k{n}" for n in kept]
     queued = [r.body for r in await LocalQueue(store.db).receive(max_messages=20, visibility_s=60)]
     assert sorted(json.loads(b)["key"] for b in queued) == [f"k{n}" for n in kept]
+
+
+async def test_a_second_cancel_while_taking_back_leaves_no_row_without_its_message(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller cancelled while the queue call hangs (a request handler whose client went
+    away), and cancelled again while the rows are taken back. They were deleted one at a
+    time, and the second cancel left nine recorded with no message: never run until the
+    lost-task sweep, their entities' later tasks held behind them. Now one statement,
+    which a cancel does not cut short."""
+    sending, withdrawing = asyncio.Event(), asyncio.Event()
+
+    class HangingQueue:
+        async def send(self, bodies: list[str], *, delay_s: float = 0.0) -> None:
+            sending.set()
+            await asyncio.Event().wait()
+
+    execute = store.db.execute
+
+    async def noticed(name: str, **params: Any) -> int:
+        if name == "task_withdraw":
+            withdrawing.set()
+        return cast(int, await execute(name, **params))
+
+    monkeypatch.setattr(store.db, "execute", noticed)
+    tasks: list[tuple[object, object, object]] = [(n + 1, None, f"k{n}") for n in range(10)]
+    submitting = asyncio.create_task(
+        submit_many(
+            store.db, cast(WorkQueue, HangingQueue()), StepsTask(), tasks, resend_after_s=300
+        )
+    )
+    await sending.wait()
+    submitting.cancel()
+    await withdrawing.wait()
+    submitting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await submitting
+    rows = TaskStore(store.db)
+    for _ in range(100):  # the withdrawal goes on after the caller stopped waiting for it
+        kept = [n for n in range(10) if await rows.get("steps", f"k{n}") is not None]
+        if not kept:
+            break
+        await asyncio.sleep(0.05)
+    assert kept == []
 
 
 async def test_a_resubmission_looks_for_lost_messages_only_where_one_could_be(

@@ -342,5 +342,5 @@ async def test_a_submission_whose_send_fails_is_withdrawn_unless_started(store: 
     assert await tasks.submit("steps", 5, "k1", "{}")
     row = await tasks.get("steps", "k1")
     assert row is not None and await tasks.start(row.id, "A", 30.0)
-    assert not await tasks.withdraw("steps", "k1")  # started: never taken back
+    assert not await tasks.withdraw("steps", ["k1"])  # started: never taken back
     assert await tasks.get("steps", "k1") is not None

@@ -5,10 +5,10 @@ VALUES (:job, :key, :entity_id, :data, 0, 0, :now)
 ON CONFLICT (job, task_key) DO NOTHING;
 
 -- name: task_withdraw
--- A submission whose message could not be sent, taken back while no process has started
--- it, so that the same key can be submitted again.
+-- Submissions whose messages could not be sent, taken back in one statement while no
+-- process has started them, so that the same keys can be submitted again.
 DELETE FROM batchrun_entity_task
-WHERE job = :job AND task_key = :key AND state = 0 AND attempts = 0;
+WHERE job = :job AND task_key IN :keys* AND state = 0 AND attempts = 0;
 
 -- name: turn_insert
 -- The turn rows of a submission's entities, where there are none yet.
