@@ -196,7 +196,7 @@ class MySQLDatabase(ServerDatabase):
                     # statement back, and that statement simply goes again.
                     conflicts = await self._after_conflict(conflicts)
                     continue
-                raise self._convert(exc) from exc
+                raise self._convert(exc, own=rerun) from exc
             except OSError as exc:
                 conn.close()
                 lost = await self._after_lost(exc, lost, rerun=rerun)
@@ -208,9 +208,11 @@ class MySQLDatabase(ServerDatabase):
     def _describe(exc: BaseException) -> str:
         return _describe(exc)
 
-    def _convert(self, exc: pymysql.err.MySQLError) -> DatabaseError:
+    def _convert(self, exc: pymysql.err.MySQLError, *, own: bool = True) -> DatabaseError:
+        """The error to raise for ``exc``; ``own``: one of batchrun's statements, whose
+        missing table means a database not migrated (a job's is the job's mistake)."""
         text = self._masked(exc)
-        if _code(exc) == _NO_TABLE:
+        if own and _code(exc) == _NO_TABLE:
             return NotMigratedError(
                 f"database {self.url} is missing batchrun's tables ({text}): "
                 "run `batchrun db migrate`"

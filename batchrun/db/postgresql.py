@@ -175,7 +175,7 @@ class PostgreSQLDatabase(ServerDatabase):
                 if code in _CONFLICT and conflicts < CONFLICT_TRIES:
                     conflicts = await self._after_conflict(conflicts)
                     continue
-                raise self._convert(exc) from exc
+                raise self._convert(exc, own=rerun) from exc
             except (asyncpg.InterfaceError, _InternalClientError, OSError) as exc:
                 if not _client_lost(exc):
                     raise DatabaseError(f"database {self.url}: {self._masked(exc)}") from exc
@@ -190,9 +190,11 @@ class PostgreSQLDatabase(ServerDatabase):
     def _describe(exc: BaseException) -> str:
         return _describe(exc)
 
-    def _convert(self, exc: asyncpg.PostgresError) -> DatabaseError:
+    def _convert(self, exc: asyncpg.PostgresError, *, own: bool = True) -> DatabaseError:
+        """The error to raise for ``exc``; ``own``: one of batchrun's statements, whose
+        missing table means a database not migrated (a job's is the job's mistake)."""
         text = self._masked(exc)
-        if exc.sqlstate == _NO_TABLE:
+        if own and exc.sqlstate == _NO_TABLE:
             return NotMigratedError(
                 f"database {self.url} is missing batchrun's tables ({text}): "
                 "run `batchrun db migrate`"

@@ -65,8 +65,10 @@ class SQLiteDatabase(Database):
         return count, rows
 
     async def _run_described(
-        self, sql: str, args: tuple[Any, ...], *, fetch: bool
+        self, sql: str, args: tuple[Any, ...], *, fetch: bool, own: bool = True
     ) -> tuple[int, list[Row], list[str]]:
+        """Run one statement; ``own``: one of batchrun's, whose missing table or column
+        means a database not migrated (in a job's statement it is the job's mistake)."""
         try:
             # One statement at a time, start to finish: a half-read SELECT keeps a read
             # snapshot open, and a write from another task on this connection inside it
@@ -76,7 +78,7 @@ class SQLiteDatabase(Database):
                 names = [d[0] for d in cur.description or ()]
                 return cur.rowcount, [tuple(r) for r in rows], names
         except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc) or "no such column" in str(exc):
+            if own and ("no such table" in str(exc) or "no such column" in str(exc)):
                 raise NotMigratedError(
                     f"database {self.url} is missing batchrun's tables ({exc}): "
                     "run `batchrun db migrate`"
@@ -104,11 +106,11 @@ class SQLiteDatabase(Database):
         return rows
 
     async def fetch_columns(self, sql: str, args: tuple[Any, ...]) -> tuple[list[str], list[Row]]:
-        _, rows, names = await self._run_described(sql, args, fetch=True)
+        _, rows, names = await self._run_described(sql, args, fetch=True, own=False)
         return names, rows
 
     async def execute_sql(self, sql: str, args: tuple[Any, ...]) -> int:
-        count, _ = await self._run(sql, args, fetch=False)
+        count, _, _ = await self._run_described(sql, args, fetch=False, own=False)
         return count
 
     async def run_step(self, statement: Statement) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections import deque
@@ -18,7 +19,13 @@ from typing import Any, TypeVar
 
 from batchrun.db.base import Database
 from batchrun.db.store import FINAL_STATES, MAX_ID, Claim, Scope, Store
-from batchrun.errors import JobError, LockTimeoutError, OutcomeUnknownError
+from batchrun.errors import (
+    BatchrunError,
+    DatabaseError,
+    JobError,
+    LockTimeoutError,
+    OutcomeUnknownError,
+)
 from batchrun.job import Context, Job
 from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.item import Item
@@ -49,8 +56,30 @@ async def again_after_lost(what: str, call: Callable[[], Awaitable[_R]]) -> _R:
 
 
 async def page(job: Job, ctx: Context, after: int, limit: int) -> list[dict[str, Any]]:
-    """``job.page``, checked: rows with an integer ``id`` above ``after``, ascending."""
-    rows = await again_after_lost(f"{job.name} page", lambda: job.page(ctx, after, limit))
+    """``job.page``, checked: rows with an integer ``id`` above ``after``, ascending.
+
+    Raises:
+        JobError: the page failed in the job's own code or SQL (a table of its own that
+            does not exist, a parameter not given), or returned something else: one line
+            naming the job. Lock waits, lost replies and batchrun's own errors as they are.
+    """
+    try:
+        rows = await again_after_lost(f"{job.name} page", lambda: job.page(ctx, after, limit))
+    except (LockTimeoutError, OutcomeUnknownError):
+        raise
+    except BatchrunError as exc:
+        if type(exc) is not DatabaseError:  # a usage error, batchrun's own tables
+            raise
+        raise JobError(f"job {job.name!r}: page(): {exc}") from exc
+    except Exception as exc:
+        raise JobError(f"job {job.name!r}: page() raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(rows, list):
+        if inspect.iscoroutine(rows):
+            rows.close()  # no "never awaited" warning besides the error
+            raise JobError(f"job {job.name!r}: page() returned a coroutine: an await is missing")
+        raise JobError(
+            f"job {job.name!r}: page() returned {type(rows).__name__}, not a list of dicts"
+        )
     last = after
     for row in rows:
         entity_id = row.get("id") if isinstance(row, dict) else None

@@ -14,7 +14,7 @@ from batchrun.errors import UsageError
 from batchrun.job import Context, Job, Skip
 from batchrun.mail.message import Message
 from batchrun.period import Period
-from batchrun.pipeline.pager import recheck
+from batchrun.pipeline.pager import page, recheck
 
 if TYPE_CHECKING:
     from batchrun.pipeline.engine import StopToken
@@ -62,7 +62,7 @@ async def _pending(store: Store, which: Job, ctx: Context, page_size: int = 500)
     pending = 0
     after = 0
     while True:
-        rows = await which.page(ctx, after, page_size)
+        rows = await page(which, ctx, after, page_size)
         if not rows:
             return pending
         ids = [int(row["id"]) for row in rows]
@@ -99,7 +99,7 @@ async def preview(
     ctx = Context(which, period, w.store.jobdb, sender, dry_run=True, env=w.settings.environ)
     row = await recheck(which, ctx, entity_id)
     if row is None:
-        some = [str(r["id"]) for r in await which.page(ctx, 0, 3)]
+        some = [str(r["id"]) for r in await page(which, ctx, 0, 3)]
         hint = f"; ids it returns: {', '.join(some)}, ..." if some else "; its page is empty"
         raise UsageError(
             f"{which.name} {period}: entity {entity_id} is not in the job's page{hint}"
@@ -139,5 +139,5 @@ async def page_plans(
     ctx = Context(
         which, period, explaining, NoEffects(w.store), dry_run=True, env=w.settings.environ
     )
-    await which.page(ctx, 0, page_size)
+    await page(which, ctx, 0, page_size)
     return explaining.plans

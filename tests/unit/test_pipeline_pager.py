@@ -6,13 +6,21 @@ order, what other runs hold is waited for and taken over once their lease ends, 
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from batchrun.db.store import MAX_ID, Claim, Scope, State
-from batchrun.errors import JobError, OutcomeUnknownError
+from batchrun.errors import (
+    DatabaseError,
+    JobError,
+    LockTimeoutError,
+    NotMigratedError,
+    OutcomeUnknownError,
+)
 from batchrun.pipeline import pager
 from batchrun.pipeline.item import Item
 from batchrun.pipeline.pager import LoadGate, Pager, again_after_lost, page, recheck, unfinished
@@ -157,6 +165,57 @@ async def test_page_refuses_rows_that_break_the_contract(
 
     with pytest.raises(JobError, match=message):
         await page(Broken([]), None, 0, 2)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        (None, "page\\(\\) returned NoneType, not a list of dicts"),
+        ({"id": 1}, "page\\(\\) returned dict, not a list of dicts"),
+        (KeyError("query parameter :limit not given"), "page\\(\\) raised KeyError: .*:limit"),
+        (TypeError("'NoneType' object"), "page\\(\\) raised TypeError"),
+        (DatabaseError("database x: no such table: subscription"), "page\\(\\): database x: no"),
+    ],
+)
+async def test_a_page_that_fails_or_returns_no_list_is_one_line_naming_the_job(
+    returned: object, message: str
+) -> None:
+    """A bare TypeError, KeyError or the database's line named neither the job nor its page."""
+
+    class Broken(FakeJob):
+        async def page(self, ctx: Any, after: int, limit: int) -> Any:
+            if isinstance(returned, Exception):
+                raise returned
+            return returned
+
+    with pytest.raises(JobError, match=f"^job 'fake': {message}"):
+        await page(Broken([]), None, 0, 2)  # type: ignore[arg-type]
+
+
+async def test_a_page_that_forgot_an_await_says_so_and_nothing_else_warns() -> None:
+    class Forgetful(FakeJob):
+        async def page(self, ctx: Any, after: int, limit: int) -> Any:
+            return self.fetch()  # no await
+
+        async def fetch(self) -> list[dict[str, Any]]:
+            return []
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited" would raise
+        with pytest.raises(JobError, match="page\\(\\) returned a coroutine: an await is missing"):
+            await page(Forgetful([]), None, 0, 2)  # type: ignore[arg-type]
+        gc.collect()
+
+
+@pytest.mark.parametrize("error", [LockTimeoutError("lock"), NotMigratedError("not migrated")])
+async def test_lock_waits_and_batchruns_own_errors_pass_as_they_are(error: Exception) -> None:
+    class Waiting(FakeJob):
+        async def page(self, ctx: Any, after: int, limit: int) -> Any:
+            raise error
+
+    with pytest.raises(type(error)) as caught:
+        await page(Waiting([]), None, 0, 2)  # type: ignore[arg-type]
+    assert caught.value is error
 
 
 async def test_recheck_is_the_row_only_while_the_page_still_returns_it() -> None:
