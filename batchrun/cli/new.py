@@ -42,6 +42,10 @@ def new(
 
     The job emails each row of TABLE once a month: edit its page query, its process and
     its templates from there. Nothing is overwritten: an existing file stops it (exit 2).
+
+    JOB names the module too, so a Python keyword (import), a built-in job's name
+    (birthday) or a module's, standard or installed (json, pytest), stops it (exit 2,
+    nothing written).
     """
 
     async def go() -> int:

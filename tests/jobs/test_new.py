@@ -4,6 +4,7 @@ of its own), and the job running on the demo database of every backend."""
 from __future__ import annotations
 
 import json
+import keyword
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from support.cli import run_cli
 
+from batchrun.errors import UsageError
 from batchrun.scaffold import Scaffold
 
 
@@ -53,13 +55,39 @@ def test_new_writes_a_job_its_templates_and_a_test_that_passes(tmp_path: Path) -
         (["new", "Win-Back"], "lower-case letters"),
         (["new", "json"], "would shadow"),
         (["new", "ok", "--table", "a; DROP TABLE x"], "not a plain table name"),
+        # `--jobs b/birthday.py run birthday` would find two jobs named 'birthday'.
+        (["new", "birthday"], "built-in job: with both loaded"),
+        # The test's `from import import ImportJob` would be a SyntaxError.
+        (["new", "import"], "is a Python keyword"),
+        (["new", "async"], "is a Python keyword"),
+        # Imported before the test imports the job, so `from pytest import ...` gets them.
+        (["new", "pytest"], "would shadow the module pytest"),
+        (["new", "jinja2"], "would shadow the module jinja2"),
     ],
 )
 def test_new_refuses_names_it_cannot_use(tmp_path: Path, args: list[str], message: str) -> None:
     result = run_cli(*args, "--dir", str(tmp_path), env={})
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["birthday", "import", "pytest"])
+def test_a_refused_name_comes_with_one_to_use_instead(name: str) -> None:
+    with pytest.raises(UsageError, match=f"choose another name, such as 'my_{name}'"):
+        Scaffold(name)
+    Scaffold(f"my_{name}")
+
+
+def test_no_keyword_is_a_job_name_and_soft_keywords_write_python_that_parses() -> None:
+    for word in keyword.kwlist:
+        with pytest.raises(UsageError):
+            Scaffold(word)
+    for word in ("match", "case"):  # `from match import MatchJob` is Python
+        for path, text in Scaffold(word).files().items():
+            if path.endswith(".py"):
+                compile(text, path, "exec")
 
 
 def test_the_new_job_runs_on_the_demo_database(db_url: str, tmp_path: Path) -> None:
