@@ -261,6 +261,8 @@ def _run_job(
             )
             if month is not None and cut_short and not dry_run and month.left(bar.worked):
                 stderr.print(month.say(bar.worked), highlight=False, soft_wrap=True)
+            if not unstarted and summary.error is None:  # an error's line says why
+                _say_why_failed(summary, f"batchrun status {name} --period {which}")
             if summary.exit_code == 3 and not unstarted:
                 stderr.print("some entities wait in the retry queue: run `batchrun retry` later")
         if unstarted:
@@ -365,3 +367,17 @@ def jobs(ctx: typer.Context, as_json: Json = False) -> None:
         return 0
 
     run_command(ctx, go)
+
+
+def _say_why_failed(summary: Summary, status: str) -> None:
+    """The commonest reasons entities failed in the run, a line each, under its table."""
+    common = summary.common_failures()
+    for reason, count in common:
+        stderr.print(f"{count} failed: {escape(reason)}", highlight=False, soft_wrap=True)
+    others = len(summary.failure_reasons) - len(common)
+    if others:
+        stderr.print(
+            f"... and {others} other reason{'s' if others > 1 else ''}: `{status}` lists them",
+            highlight=False,
+            soft_wrap=True,
+        )

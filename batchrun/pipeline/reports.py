@@ -59,6 +59,9 @@ class Summary(_Report):
     # the job's named backends: {name: {calls, throttles, busy_waits, rate}} (no key when
     # it declares none)
     backends: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # why entities failed in this run, reason -> entities: for the summary a person reads
+    # (the most common few), not in the JSON, whose keys are the contract's
+    failure_reasons: dict[str, int] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -75,6 +78,15 @@ class Summary(_Report):
     def count(self, name: str, n: int) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 
+    def failed_for(self, reason: str, n: int = 1) -> None:
+        """``n`` entities failed (for a retry or for good) for ``reason``."""
+        self.failed += n
+        self.failure_reasons[reason] = self.failure_reasons.get(reason, 0) + n
+
+    def common_failures(self, most: int = 3) -> list[tuple[str, int]]:
+        """The ``most`` commonest reasons entities failed in this run, commonest first."""
+        return sorted(self.failure_reasons.items(), key=lambda kv: -kv[1])[:most]
+
     def __getattr__(self, name: str) -> int:
         """A job's counter as an attribute: ``summary.cards_created``."""
         counters = self.__dict__.get("counters")
@@ -85,6 +97,7 @@ class Summary(_Report):
     def to_json(self) -> dict[str, Any]:
         data = super().to_json()
         counters = data.pop("counters")
+        del data["failure_reasons"]
         if data["month"] is None:
             del data["month"]
         if data["error"] is None:

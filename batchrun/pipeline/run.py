@@ -179,7 +179,7 @@ async def _run(
             summary.skipped += 1
             options.progress("skipped")
         else:
-            summary.failed += 1
+            summary.failed_for(outcome.reason or "failed")
             summary.unknown_outcome += outcome.unknown
             options.progress("failed")
 
@@ -232,7 +232,7 @@ async def _run(
         if breaker.open:
             summary.stopped = breaker.reason or BREAKER_REASON
             await writes.write([(i, Outcome(State.RETRYING, summary.stopped)) for i in leftover])
-            summary.failed += len(leftover)
+            summary.failed_for(summary.stopped, len(leftover))
         elif leftover:
             await lease.release(scope, [i.id for i in leftover])
             summary.left_pending += len(leftover)

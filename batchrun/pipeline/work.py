@@ -11,20 +11,22 @@ spent the outcome is busy, and the applier gives the entity back without an atte
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Callable
 
-from batchrun.errors import ThrottledError
+from batchrun.errors import ConfigError, ThrottledError
 from batchrun.job import Busy, Context, Job
 from batchrun.pipeline.apply import Applier
 from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.item import Item
 from batchrun.pipeline.lease import Fence
 from batchrun.pipeline.outcomes import SUCCEEDED, Classified, Outcome, classify
-from batchrun.policy.bugs import BugStreak
+from batchrun.policy.bugs import BugStreak, signature
 from batchrun.policy.busy import Patience, set_patience
 from batchrun.policy.pacing import CircuitBreaker
 from batchrun.policy.rate import AdaptiveRate
 from batchrun.policy.retry import RetryPolicy
+from batchrun.urls import mask_url
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,7 @@ class EntityWorker:
                     return classify(exc)
                 except Exception as exc:
                     self._bug(exc)
+                    _tell(self.job.name, item.id, exc)
                     return self._failed(exc)
                 break
         finally:
@@ -162,3 +165,21 @@ class EntityWorker:
         if outcome.throttled and self.limiter is not None and not fed:
             self.limiter.throttled(outcome.delay_s)  # an HTTP 429 outside ctx.paced()
         return outcome
+
+
+def _tell(job: str, entity_id: int, exc: Exception) -> None:
+    """``-v``: an error the job's code raised (no verdict, no outage: a bug), with its
+    frames; ``-vv``: any other failure's reason."""
+    if signature(exc) is not None and not isinstance(exc, ConfigError):
+        if log.isEnabledFor(logging.INFO):
+            frames = "".join(traceback.format_tb(exc.__traceback__)).rstrip()
+            log.info(
+                "%s entity %d raised %s: %s\nTraceback (most recent call last):\n%s",
+                job,
+                entity_id,
+                type(exc).__name__,
+                mask_url(str(exc)),
+                frames,
+            )
+    else:
+        log.debug("%s entity %d: %s", job, entity_id, mask_url(str(exc)))

@@ -3,7 +3,8 @@ bug, not an outage, so the run stops instead of queueing every entity for a retr
 
 An error's signature is its type and where it was raised (the innermost frame of its
 traceback); a template error's is its one line, which names the template and the
-variable. Transient errors have none: batchrun's own (mail, database, queue), a job's
+variable, as is any setting's error (``ConfigError``: a backend's URL not set). Transient
+errors have none: batchrun's own (mail, database, queue), a job's
 verdicts (Skip, Retry, Fail), OSError and TimeoutError, httpx's. ``BATCHRUN_BUG_THRESHOLD``
 (default 10) entities in a row with one signature trip the streak; any other outcome in
 between (a success, a skip, another error) starts it again.
@@ -15,7 +16,7 @@ import asyncio
 import sys
 from types import TracebackType
 
-from batchrun.errors import BatchrunError, TemplateError
+from batchrun.errors import BatchrunError, ConfigError, TemplateError
 from batchrun.job import Skip, Verdict
 from batchrun.urls import mask_url
 
@@ -24,7 +25,7 @@ Signature = tuple[str, str]
 
 def signature(exc: BaseException) -> Signature | None:
     """The error's (type, origin), or None for an error that may pass by itself."""
-    if isinstance(exc, TemplateError):
+    if isinstance(exc, ConfigError):  # a template's, a backend's URL not set: never passes
         return type(exc).__qualname__, str(exc)
     if isinstance(exc, BatchrunError | Verdict | OSError | TimeoutError):
         return None
@@ -104,12 +105,16 @@ class BugStreak:
         else:
             self._signature, self.count = found, 1
         if self.tripped is None and self.count >= self.threshold:
-            where = "" if isinstance(exc, TemplateError) else f" at {_short_origin(found[1])}"
             text = mask_url(str(exc)).splitlines()[0][:200] if str(exc) else ""
+            if isinstance(exc, TemplateError):
+                what = f"has a bug: {found[0]}: {text}"
+            elif isinstance(exc, ConfigError):
+                what = f"cannot run as it is set up: {text}"
+            else:
+                what = f"has a bug: {found[0]}: {text} at {_short_origin(found[1])}"
             self.tripped = (
-                f"job {job!r} has a bug: {found[0]}: {text}{where} "
-                f"({self.count} entities in a row); stopped, those queued for retry, "
-                "the rest left pending"
+                f"job {job!r} {what} ({self.count} entities in a row); stopped, those queued "
+                "for retry, the rest left pending"
             )
             return True
         return False

@@ -29,6 +29,7 @@ import batchrun
 class Note(batchrun.Job):
     name = "note"
     period = "month"
+    backends = {"crm": batchrun.Backend()}
 
     async def page(self, ctx, after, limit):
         table = '"user"' if ctx.db.dialect == "postgresql" else "user"
@@ -39,6 +40,8 @@ class Note(batchrun.Job):
     async def process(self, ctx, row):
         if ctx.env.get("NOTE_BUG") == "keyerror":
             row["no_such_column"]
+        if ctx.env.get("NOTE_BUG") == "no-url":
+            await ctx.http("crm").post("/notes", json={"id": row["id"]})
         await ctx.send_email(to="someone@example.com", template="note",
                              name=row["first_name"])
 """
@@ -100,6 +103,31 @@ def test_a_keyerror_in_process_stops_after_ten(db_url: str, tmp_path: Path) -> N
     [run] = json.loads(run_cli("runs", "note", "--json", env=env).stdout)
     assert (run["outcome"], run["exit_code"]) == ("failed", 1)
     assert run["error"] == data["error"]  # the history row says why, as the summary does
+
+
+def test_a_backend_whose_url_is_not_set_stops_after_ten(db_url: str, tmp_path: Path) -> None:
+    """It queued every entity of the period for a retry, which failed alike, exit 3, and
+    said why only in ``status``: a setting never comes right by itself."""
+    env = setup(db_url, tmp_path, "Hello {{ name }}\n")
+    env["NOTE_BUG"] = "no-url"
+    result = run_cli("run", "note", "--period", "2025-06", env=env)
+    assert result.returncode == 1, result.stderr
+    line = one_error(result.stderr)
+    assert "cannot run as it is set up" in line and "set BATCHRUN_BACKEND_CRM_URL" in line
+    assert touched(db_url) == 10 and queued(db_url) == 10
+
+
+def test_failures_that_are_no_bug_are_said_under_the_table(db_url: str, tmp_path: Path) -> None:
+    """A run that ends with entities failed says the commonest reasons (only ``status``
+    did), and ``-v`` shows each bug's traceback, as its help says."""
+    env = setup(db_url, tmp_path, "Hello {{ name }}\n")
+    env["NOTE_BUG"] = "keyerror"
+    env["BATCHRUN_BUG_THRESHOLD"] = "100000"  # not stopped: every entity fails alike
+    result = run_cli("-v", "run", "note", "--period", "2025-06", env=env)
+    assert result.returncode == 3, result.stderr
+    failed = [line for line in result.stderr.splitlines() if " failed: KeyError" in line]
+    assert len(failed) == 1 and failed[0].split()[0] == str(touched(db_url)), result.stderr
+    assert "Traceback" in result.stderr and 'row["no_such_column"]' in result.stderr
 
 
 def test_an_undefined_template_variable_stops_after_ten(db_url: str, tmp_path: Path) -> None:
