@@ -14,6 +14,7 @@ library's HTTP client in a thread: no runtime dependency for one POST.
 from __future__ import annotations
 
 import asyncio
+import base64
 import http.client
 import json
 import logging
@@ -21,7 +22,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from batchrun.errors import ConfigError
 from batchrun.urls import origin
@@ -51,6 +52,9 @@ class Notifier:
         self.url = url
         self.on = on
         self.timeout_s = timeout_s
+        # urllib takes no user and password in a URL (it looked their "user:pw@host" up
+        # as a host name): they go as HTTP Basic, the URL without them.
+        self._target, self._authorization = _basic_auth(url)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Notifier | None:
@@ -82,14 +86,26 @@ class Notifier:
         return True
 
     def _post(self, body: bytes) -> None:
+        headers = {"Content-Type": "application/json", "User-Agent": "batchrun"}
+        if self._authorization is not None:
+            headers["Authorization"] = self._authorization
         request = urllib.request.Request(  # noqa: S310 (http(s) only, checked in __init__)
-            self.url,
-            data=body,
-            method="POST",
-            headers={"Content-Type": "application/json", "User-Agent": "batchrun"},
+            self._target, data=body, method="POST", headers=headers
         )
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
             response.read(1024)
+
+
+def _basic_auth(url: str) -> tuple[str, str | None]:
+    """``url`` without its user and password, and the Authorization header they make
+    (None without them)."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    netloc = parts.netloc.rpartition("@")[2]
+    pair = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+    token = base64.b64encode(pair.encode()).decode("ascii")
+    return urlunsplit(parts._replace(netloc=netloc)), f"Basic {token}"
 
 
 def _why(exc: BaseException) -> str:

@@ -3,7 +3,10 @@ payload, a receiver that hangs, one that is not there."""
 
 from __future__ import annotations
 
+import base64
+import http.server
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,3 +113,33 @@ def test_bad_settings() -> None:
     assert notifier.wanted(130, dead_letters_grew=False)
     assert notifier.wanted(0, dead_letters_grew=True)
     assert not notifier.wanted(0, dead_letters_grew=False)
+
+
+async def test_a_user_and_password_in_the_url_go_as_basic_auth() -> None:
+    """urllib looked "user:pw@127.0.0.1" up as a host name: such a hook was never called
+    ("Name or service not known"). Now the URL without them, and HTTP Basic."""
+    got: list[tuple[str, str | None]] = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            got.append((self.path, self.headers.get("Authorization")))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        url = f"http://hook%40ops:p%3Ass-w0rd@127.0.0.1:{port}/services/T0K3N?x=1"
+        assert await Notifier(url).send({"text": "hi"})
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+    expected = "Basic " + base64.b64encode(b"hook@ops:p:ss-w0rd").decode()
+    assert got == [("/services/T0K3N?x=1", expected)]
