@@ -295,7 +295,8 @@ class Job:
             the deployment's (``BATCHRUN_MAX_RECEIVES``, ``BATCHRUN_RETRY_BASE_S``,
             ``BATCHRUN_RETRY_MAX_BACKOFF_S``).
         status_names: ``batchrun status`` keys the job shows first, under its own names
-            (the birthday job's ``succeeded`` is ``emails_sent``, as batchrun 0.1 said).
+            as well (the birthday job's ``succeeded`` is ``emails_sent`` too, as batchrun
+            0.1 said).
         backends: the outside services ``process`` calls, by name: ``batchrun.Backend``
             (concurrency, rate, ready probe), reached with ``ctx.backend(name)`` or
             ``ctx.http(name)``.

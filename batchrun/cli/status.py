@@ -186,9 +186,9 @@ def _report(
     data: dict[str, Any] = {"job": job.name, "period": period}
     if job.period == "month":
         data["month"] = period
-    for key, name in job.status_names.items():  # the job's own names go first
-        if key in counts:
-            data[name] = counts.pop(key)
+    for key, name in job.status_names.items():  # the job's own names go first; the
+        if key in counts:  # common ones stay too, so a script reads every job alike
+            data[name] = counts[key]
     data.update(counts)
     data.update(
         retry_queue_depth=depth,

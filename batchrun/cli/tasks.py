@@ -12,6 +12,7 @@ import typer
 from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.task_file import Submission, from_file, from_options
+from batchrun.control.steering import Steering
 from batchrun.db.store import MAX_ID
 from batchrun.errors import UsageError
 from batchrun.period import parse as parse_period
@@ -91,10 +92,17 @@ def _tasks(count: int) -> str:
 
 
 async def task_status(context: Invocation, job: Task) -> dict[str, Any]:
-    """``status TASKJOB``: the tasks in each state now, and the oldest one's wait."""
+    """``status TASKJOB``: the tasks in each state now, and the oldest one's wait; while
+    the job is paused, ``paused`` and ``paused_reason``, as a period job's status says."""
     async with open_backends(context.settings, jobs=[job]) as backends:
         counts = await TaskStore(backends.store.db).counts(job.name)
-    return {"job": job.name, **{k: counts[k] for k in STATUS_KEYS}}
+        steering = Steering()
+        await steering.refresh(backends.store.db)
+    data: dict[str, Any] = {"job": job.name, **{k: counts[k] for k in STATUS_KEYS}}
+    held = steering.paused(job.name, None)
+    if held is not None:
+        data.update(paused=True, paused_reason=held.reason)
+    return data
 
 
 @app.command(

@@ -215,10 +215,13 @@ def test_a_paused_task_job_waits_then_runs(sqlite_url: str) -> None:
     }  # a paused task looks again in 2 s
     with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
         client.submit("steps", 1, key="p1")
-    assert run_cli("pause", "steps", env=env).returncode == 0
+    assert run_cli("pause", "steps", "--reason", "encoder upgrade", env=env).returncode == 0
+    held = json.loads(run_cli("status", "steps", "--json", env=env).stdout)
+    assert (held["paused"], held["paused_reason"]) == (True, "encoder upgrade")
     run_cli("worker", "--idle-exit", "1", env=env, sigterm_after=8)
     assert effects(sqlite_url) == []  # paused: nothing ran, the task waits
     assert run_cli("resume", "steps", env=env).returncode == 0
+    assert "paused" not in json.loads(run_cli("status", "steps", "--json", env=env).stdout)
     assert run_cli("worker", "--idle-exit", "5", env=env, timeout=120).returncode == 0
     assert [r[1] for r in effects(sqlite_url)] == ["p1"]
 

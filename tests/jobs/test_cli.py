@@ -370,6 +370,7 @@ def test_happy_path_on_sqlite(env: dict[str, str], outbox: Path) -> None:
     assert counts["month"] == "2025-03"
     assert counts["cards"] == sent
     assert counts["emails_sent"] == sent
+    assert counts["succeeded"] == sent  # every job's key too, as operations.md lists it
     assert counts["pending"] == 0
     assert counts["skipped"] == len(bad)
     assert counts["failed_permanent"] == 0
