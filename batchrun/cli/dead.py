@@ -8,10 +8,9 @@ from typing import Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from batchrun.cli.app import Invocation, app, run_command
-from batchrun.cli.conventions import examples, stderr, stdout
+from batchrun.cli.conventions import examples, print_table, stderr
 from batchrun.errors import UsageError
 from batchrun.queue import dead as dead_letters
 from batchrun.runtime.resources import open_backends
@@ -42,10 +41,6 @@ def dead_list(
     """List the dead letters: id, job, period, entity, why it died.
 
     Nothing changes (on SQS the messages are hidden for a moment while they are read).
-
-    \b
-    Example:
-      batchrun dead list --json
     """
     context: Invocation = ctx.obj
 
@@ -60,18 +55,21 @@ def dead_list(
         if not letters:
             stderr.print(f"no dead letters in {escape(where)}", highlight=False)
             return 0
-        out = Table("id", "job", "period", "entity", "receives", "queued at", "reason")
-        for letter in letters:
-            out.add_row(
-                letter.id,
-                letter.job or "",
-                letter.period or "",
-                "" if letter.entity_id is None else str(letter.entity_id),
-                str(letter.receive_count),
-                _when(letter.sent_at_ms),
-                escape(letter.reason),
-            )
-        stdout.print(out)
+        print_table(
+            ("id", "job", "period", "entity", "receives", "queued at", "reason"),
+            [
+                (
+                    letter.id,
+                    letter.job or "",
+                    letter.period or "",
+                    "" if letter.entity_id is None else letter.entity_id,
+                    letter.receive_count,
+                    _when(letter.sent_at_ms),
+                    letter.reason,
+                )
+                for letter in letters
+            ],
+        )
         return 0
 
     run_command(ctx, go)
@@ -99,7 +97,11 @@ def dead_redrive(
 
     async def go() -> int:
         if bool(ids) == every:
-            raise UsageError("dead redrive: give --id ID (repeatable) or --all, not both")
+            raise UsageError(
+                "dead redrive: give --id ID (repeatable) or --all, not both"
+                if every
+                else "dead redrive: give --id ID (repeatable) or --all"
+            )
         async with open_backends(context.settings, queue=True) as backends:
             assert backends.queue is not None
             moved = await dead_letters.redrive(
@@ -133,12 +135,7 @@ def dead_purge(
     ] = False,
     as_json: Json = False,
 ) -> None:
-    """Drop every dead letter for good. Their entities stay failed in the ledger.
-
-    \b
-    Example:
-      batchrun dead purge --yes
-    """
+    """Drop every dead letter for good. Their entities stay failed in the ledger."""
     context: Invocation = ctx.obj
 
     async def go() -> int:

@@ -643,6 +643,21 @@ def test_a_deeply_nested_json_body_is_poison_not_a_crash(db_url: str, tmp_path: 
     listed = run_cli("dead", "list", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
     assert len(json.loads(listed.stdout)) == 2
+    # Into a pipe: plain columns, a line a letter, nothing cut (it drew rich's box there,
+    # cut to COLUMNS, the reason wrapped over lines).
+    plain = run_cli("dead", "list", env=env | {"COLUMNS": "40"})
+    lines = plain.stdout.splitlines()
+    assert lines[0].split() == [
+        "id",
+        "job",
+        "period",
+        "entity",
+        "receives",
+        "queued",
+        "at",
+        "reason",
+    ]
+    assert len(lines) == 3 and not any(c in plain.stdout for c in "┃━│"), plain.stdout
 
 
 def test_a_deeply_nested_record_is_dead_lettered_in_a_lambda_batch(
