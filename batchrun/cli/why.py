@@ -41,10 +41,11 @@ def why(
 
     Whether a run would take it now (and why not: not in the job's page, an invalid or
     suppressed address), its ledger state, attempts and last error, the Message-ID of its
-    email and when it was accepted, bounces, complaints and unsubscribes, its messages on
-    the retry or dead-letter queue, and the run that did each step. For a task job: the
-    entity's submitted tasks (submitted, sent again, started, succeeded, failed with the
-    time of its retry, dead) and its messages. Reads only.
+    email and when it was accepted (if an email went out), bounces, complaints and
+    unsubscribes, its messages of that period on the retry or dead-letter queue, and the run
+    that did each step. For a task job: the entity's submitted tasks (submitted, sent
+    again, started, succeeded, failed with the time of its retry, dead) and its messages.
+    Reads only.
     """
     context: Invocation = ctx.obj
     settings = context.settings

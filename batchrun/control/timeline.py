@@ -10,12 +10,17 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One step of the story: when (epoch ms), what, the detail, and the run that did it."""
+    """One step of the story: when (epoch ms), what, the detail, and the run that did it.
+
+    ``current``: a fact of the moment the story is told (a message's state now), which no
+    run did; not in the JSON.
+    """
 
     at: int
     what: str
     detail: str = ""
     run_id: int | None = None
+    current: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {

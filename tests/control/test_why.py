@@ -1,5 +1,7 @@
 """`batchrun why`: one entity's story for a sent, a skipped (invalid address), a suppressed,
-a bounced and a dead entity, on SQLite, MariaDB and PostgreSQL; the CLI's JSON and lines."""
+a bounced and a dead entity, on SQLite, MariaDB and PostgreSQL; the CLI's JSON and lines;
+and, for a job that sends no email, no Message-ID, its period's queue messages alone, and
+a message's reason told as that of the attempt that queued it."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typer.testing import CliRunner
 
 from batchrun.cli import app
 from batchrun.control import story
-from batchrun.control.history import History
+from batchrun.control.history import History, outcome_of
 from batchrun.db import Store
 from batchrun.period import parse
 
@@ -49,7 +51,12 @@ async def test_the_five_stories(
     await rt.store.suppress(s_addr, reason="unsubscribe", source="birthday")
     smtp_server.set_policy(fail_recipients({d_addr: "550 5.1.1 No such user"}))
 
+    # The run recorded as the CLI records it: its counts say its successes sent email.
+    history = History(rt.store.db, lease_s=rt.settings.lease_s)
+    run_id = await history.start(kind="run", job="birthday", period="2025-06")
     summary = await rt.run(JUNE)
+    code = summary.exit_code
+    await history.end(run_id, exit_code=code, outcome=outcome_of(code), counts=summary.to_json())
     assert summary.dead_lettered == 1 and summary.skipped == 2, summary
     # After the run, SES reports a permanent bounce for one email that was accepted.
     await rt.store.record_mail_event(job="birthday", once="2025", entity_id=bounced, event="bounce")
@@ -164,8 +171,8 @@ async def test_each_step_names_its_run(
     smtp_server.set_policy(fail_recipients({address: "451 4.3.0 Try again later"}))
     history = History(rt.store.db, lease_s=rt.settings.lease_s)
     run_id = await history.start(kind="run", job="birthday", period="2025-06")
-    await rt.run(JUNE)
-    await history.end(run_id, exit_code=3, outcome="retrying", counts={})
+    summary = await rt.run(JUNE)
+    await history.end(run_id, exit_code=3, outcome="retrying", counts=summary.to_json())
     later = await history.start(kind="retry", job=None, period=None)  # a drain, not the run
 
     told = await story.tell(rt.wiring, rt.job, JUNE, first)
@@ -178,3 +185,107 @@ async def test_each_step_names_its_run(
     query(db_url, "UPDATE batchrun_ledger SET run_id = %s WHERE entity_id = %s", later, first)
     told = await story.tell(rt.wiring, rt.job, JUNE, first)
     assert next(e for e in told.events if e.what == "sent").run_id == later
+
+
+# A job that sends no email (an HTTP push, say), over the seeded users 1 to 3; entity 2
+# fails each time, with the reason and retry delay its environment gives.
+NO_MAIL_JOB = """
+import batchrun
+
+
+class Touch(batchrun.Job):
+    name = "touch"
+    period = "day"
+
+    async def page(self, ctx, after, limit):
+        return await ctx.db.fetch(
+            "SELECT id, email FROM user WHERE id > :after AND id <= 3 ORDER BY id LIMIT :limit",
+            after=after,
+            limit=limit,
+        )
+
+    async def process(self, ctx, row):
+        if row["id"] == 2:
+            raise batchrun.Retry(ctx.env["WHY_REASON"], float(ctx.env["WHY_DELAY_S"]))
+"""
+
+
+def no_mail_job(sqlite_url: str, tmp_path: Path) -> Callable[..., dict[str, Any]]:
+    """A migrated, seeded database and the ``touch`` job: returns ``cli(*args, reason=,
+    delay_s=)``, which runs a command (exit 0 or 3) and gives its ``--json`` output."""
+    spec = tmp_path / "touch.py"
+    spec.write_text(NO_MAIL_JOB)
+    env = {"BATCHRUN_DB": sqlite_url, "BATCHRUN_MAIL": f"file://{tmp_path / 'outbox'}"}
+    for args in (["db", "migrate"], ["db", "seed", "--users", "20"]):
+        done = invoke(*args, env=env)
+        assert done.exit_code == 0, done.output
+
+    def cli(*args: str, reason: str = "HTTP 500", delay_s: float = 600) -> dict[str, Any]:
+        own = {**env, "WHY_REASON": reason, "WHY_DELAY_S": str(delay_s)}
+        done = invoke("--jobs", str(spec), *args, "--json", env=own)
+        assert done.exit_code in (0, 3), done.output
+        data: dict[str, Any] = json.loads(done.stdout)
+        return data
+
+    return cli
+
+
+def test_a_job_that_sends_no_email_names_no_message_id(sqlite_url: str, tmp_path: Path) -> None:
+    cli = no_mail_job(sqlite_url, tmp_path)
+    assert cli("run", "touch", "--period", "2025-07-01")["emails_sent"] == 0
+    told = cli("why", "touch", "1", "--period", "2025-07-01")
+    whats = [e["what"] for e in told["events"]]
+    assert "sent" not in whats and "succeeded" in whats, told
+    assert not any("Message-ID" in e["detail"] for e in told["events"]), told
+    done = next(e for e in told["events"] if e["what"] == "succeeded")
+    assert "no email sent" in done["detail"] and done["run_id"] is not None, done
+    assert (
+        "(succeeded)"
+        in next(e for e in told["events"] if e["what"] == "not eligible now")["detail"]
+    )
+
+
+def test_only_the_period_asked_for_has_its_messages_told(sqlite_url: str, tmp_path: Path) -> None:
+    cli = no_mail_job(sqlite_url, tmp_path)
+    for day in ("2025-07-01", "2025-07-02", "2025-07-03"):
+        assert (
+            cli("run", "touch", "--period", day, reason=f"down on {day}")["queued_for_retry"] == 1
+        )
+    told = cli("why", "touch", "2", "--period", "2025-07-02")
+    waiting = [e["detail"] for e in told["events"] if e["what"] == "retry message waiting"]
+    assert len(waiting) == 1 and "period 2025-07-02" in waiting[0], waiting
+    assert not any("2025-07-01" in e["detail"] or "07-03" in e["detail"] for e in told["events"])
+    # A period with none tells none.
+    assert not [
+        e
+        for e in cli("why", "touch", "2", "--period", "2025-07-04")["events"]
+        if "message" in e["what"]
+    ]
+
+
+def test_a_message_tried_again_tells_its_first_reason_as_earlier(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    cli = no_mail_job(sqlite_url, tmp_path)
+    # Attempt 1 fails and queues a retry at once; the drain's attempt 2 fails otherwise and
+    # hides the same message again (its body keeps attempt 1's reason).
+    cli("run", "touch", "--period", "2025-07-01", reason="no backend URL", delay_s=0)
+    assert cli("retry", reason="HTTP 500 from the CRM")["failed"] == 1
+    ((message_id, receives),) = query(sqlite_url, "SELECT id, receive_count FROM batchrun_queue")
+    assert receives == 1
+    run_id = query(sqlite_url, "SELECT id FROM batchrun_run WHERE kind = 'run'")[0][0]
+
+    events = cli("why", "touch", "2", "--period", "2025-07-01")["events"]
+    whats = [e["what"] for e in events]
+    queued = events[whats.index("retry message queued")]
+    assert queued["detail"] == (
+        f"message {message_id} (retry, period 2025-07-01) queued after attempt 1: no backend URL"
+    )
+    assert queued["run_id"] == run_id  # the run whose attempt queued it
+    retrying = events[whats.index("retrying")]
+    assert "2 attempts" in retrying["detail"] and "HTTP 500 from the CRM" in retrying["detail"]
+    assert whats.index("retry message queued") < whats.index("retrying")
+    assert queued["at"] <= retrying["at"]
+    (waiting,) = [e for e in events if e["what"] == "retry message waiting"]
+    assert "received 1 times" in waiting["detail"] and "no backend URL" not in waiting["detail"]
+    assert waiting["run_id"] is None and whats[-1] == "retry message waiting", whats
