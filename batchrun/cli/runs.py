@@ -101,11 +101,18 @@ def runs(
                 rows = await history.runs_serving(job, since_ms=start, limit=limit)
             else:
                 rows = await history.runs(job, since_ms=start, limit=limit)
+        if job is not None and entry is None and not rows:
+            # A job no process here knows, with no history either: a typo, or one of the
+            # team's own not loaded (a task job's runs are found through --jobs).
+            context.registry.entry(job)  # the "unknown job" error, exit 2
         if as_json:
             print(json.dumps([r.to_json() for r in rows]))
             return 0
         if not rows:
-            stdout.print("no runs recorded yet", highlight=False)
+            stdout.print(
+                "no runs recorded yet" if since is None else f"no runs since {since}",
+                highlight=False,
+            )
             return 0
         headers = ("id", "job", "period", "kind", "started (UTC)", "took", "outcome", "exit")
         print_table(

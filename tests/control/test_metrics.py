@@ -130,6 +130,10 @@ async def test_last_run_gauges_come_from_the_history(store: Store, db_url: str) 
     failed = await history.start(kind="run", job="birthday", period="2025-07")
     await history.end(failed, exit_code=1, outcome="failed", counts={}, error="boom")
     await history.start(kind="run", job="birthday", period="2025-08")  # still running
+    # A run that found its job paused did nothing: no last success (an alert on its age
+    # stayed quiet for as long as cron ran the paused job).
+    held = await history.start(kind="run", job="birthday", period="2025-09")
+    await history.end(held, exit_code=0, outcome="ok", counts={"eligible": 0, "paused": True})
     got = samples(
         metrics.render(
             await metrics.collect(store, None, last_runs=await metrics.last_runs(store))

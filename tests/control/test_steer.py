@@ -244,6 +244,21 @@ def test_usage_errors_are_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in bad_since.stderr + bad_period.stderr + unknown.stderr
 
 
+def test_runs_of_a_job_nobody_knows_is_a_usage_error(tmp_path: Path) -> None:
+    """``runs birthdya`` said "no runs recorded yet", exit 0, as did a --since that matched
+    nothing; status, why and cancel said "unknown job" (exit 2)."""
+    env = {"BATCHRUN_DB": f"sqlite:///{tmp_path / 'b.db'}"}
+    assert run_cli("db", "migrate", env=env).returncode == 0
+    typo = run_cli("runs", "birthdya", env=env)
+    assert (
+        typo.returncode == 2 and "unknown job 'birthdya' (did you mean 'birthday'?)" in typo.stderr
+    )
+    none_yet = run_cli("runs", "birthday", env=env)
+    assert (none_yet.returncode, none_yet.stdout.strip()) == (0, "no runs recorded yet")
+    later = run_cli("runs", "birthday", "--since", "2099-01-01", env=env)
+    assert (later.returncode, later.stdout.strip()) == (0, "no runs since 2099-01-01")
+
+
 def test_the_scheduled_lambda_exits_at_once_while_paused(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'b.db'}"
     env = {"BATCHRUN_DB": db, "BATCHRUN_MAIL": f"file://{tmp_path / 'outbox'}"}
