@@ -139,12 +139,17 @@ def shown(data: dict[str, Any], always: Collection[str] | None) -> dict[str, Any
     }
 
 
+def _word(value: Any) -> Any:
+    """A flag as a person reads it (``paused yes``), not as Python prints it."""
+    return ("yes" if value else "no") if isinstance(value, bool) else value
+
+
 def table(title: str, data: dict[str, Any], always: Collection[str] | None = None) -> None:
     """A two-column table of ``data`` (see ``shown``: pass ``always`` to hide zero rows);
     plain ``name  value`` lines when stdout is not a terminal."""
     rows = shown(data, always)
     backends = rows.pop("backends", None) or {}
-    pairs = {key.replace("_", " "): value for key, value in rows.items()}
+    pairs = {key.replace("_", " "): _word(value) for key, value in rows.items()}
     for name, figures in backends.items():  # one row per named backend
         pairs[f"backend {name}"] = ", ".join(
             f"{key.replace('_', ' ')} {'-' if value is None else value}"

@@ -9,6 +9,7 @@ import typer
 
 from batchrun.cli.app import Invocation, app, no_task_period, run_command
 from batchrun.cli.conventions import examples, stderr
+from batchrun.control.history import History
 from batchrun.control.steering import Controls
 from batchrun.period import parse as parse_period
 from batchrun.runtime.resources import open_backends
@@ -94,7 +95,7 @@ def resume(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) ->
             cleared = await controls.resume(job, which)
             still = [c for c in await controls.rows() if c.job == job and c.paused]
         if not cleared:
-            stderr.print(f"{job} {which or ''} was not paused".strip(), highlight=False)
+            stderr.print(" ".join(filter(None, (job, which, "was not paused"))), highlight=False)
         else:
             stderr.print(f"resumed {job} {which or '(every period)'}", highlight=False)
         if still:
@@ -125,12 +126,26 @@ def cancel(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) ->
     async def go() -> int:
         which = _period(context, job, period)
         async with open_backends(context.settings) as backends:
-            await Controls(backends.store.db).cancel(job, which)
-        stderr.print(
-            f"cancelled the running {job} {which or ''} runs: they stop at their next "
-            "heartbeat".replace("  ", " "),
-            highlight=False,
-        )
+            db = backends.store.db
+            await Controls(db).cancel(job, which)
+            going = [
+                r
+                for r in await History(db, lease_s=context.settings.lease_s).running()
+                if r.job == job and which in (None, r.period)
+            ]
+        what = " ".join(filter(None, (job, which)))
+        if going:
+            stderr.print(
+                f"cancelled the {len(going)} running {what} run{'s' if len(going) > 1 else ''}: "
+                "they stop at their next heartbeat",
+                highlight=False,
+            )
+        else:
+            stderr.print(
+                f"no {what} run is going on now: a cancel reaches only those (`batchrun pause` "
+                "keeps runs from starting)",
+                highlight=False,
+            )
         return 0
 
     run_command(ctx, go)

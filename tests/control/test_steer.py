@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -257,6 +258,22 @@ def test_runs_of_a_job_nobody_knows_is_a_usage_error(tmp_path: Path) -> None:
     assert (none_yet.returncode, none_yet.stdout.strip()) == (0, "no runs recorded yet")
     later = run_cli("runs", "birthday", "--since", "2099-01-01", env=env)
     assert (later.returncode, later.stdout.strip()) == (0, "no runs since 2099-01-01")
+
+
+def test_steering_nothing_says_so(tmp_path: Path) -> None:
+    """A cancel with no run going on said it "cancelled the running birthday runs"; a
+    resume of a job not paused said "birthday  was not paused"; a paused run's table said
+    "paused True"."""
+    env = {"BATCHRUN_DB": f"sqlite:///{tmp_path / 'b.db'}"}
+    assert run_cli("db", "migrate", env=env).returncode == 0
+    cancel = run_cli("cancel", "birthday", env=env)
+    assert cancel.returncode == 0
+    assert cancel.stderr.startswith("no birthday run is going on now"), cancel.stderr
+    resume = run_cli("resume", "birthday", env=env)
+    assert resume.stderr.strip() == "birthday was not paused"
+    assert run_cli("pause", "birthday", "--period", "2025-07", env=env).returncode == 0
+    held = run_cli("birthday", "--month", "2025-07", env=env)
+    assert held.returncode == 0 and re.search(r"^paused +yes$", held.stdout, re.M), held.stdout
 
 
 def test_the_scheduled_lambda_exits_at_once_while_paused(tmp_path: Path) -> None:
