@@ -20,11 +20,12 @@ happen once per ``once_per`` period, pacing, retries, hand-offs and the summary.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from batchrun.awaited import Awaited
 from batchrun.db.sql import SqlFolder
 from batchrun.period import Period, Unit
 from batchrun.policy.retry import RetryPolicy
@@ -113,6 +114,7 @@ class Context:
     __slots__ = (
         "_effects",
         "_key_prefix",
+        "_sends",
         "db",
         "dry_run",
         "env",
@@ -143,6 +145,7 @@ class Context:
         self.id: int | None = None
         self._effects = effects
         self._key_prefix = f"{job.name}:{self.once}:"  # each entity's key but its id
+        self._sends: list[Awaited] | None = None  # send_email's, to check they were awaited
 
     def entity(self, entity_id: int) -> Context:
         """The context of one entity: the same run, with ``key`` and ``id`` set."""
@@ -152,7 +155,13 @@ class Context:
         child.env, child._key_prefix = self.env, self._key_prefix
         child.id = entity_id
         child.key = f"{self._key_prefix}{entity_id}"
+        child._sends = None
         return child
+
+    def check_awaited(self) -> None:
+        """Raise ``NotAwaitedError`` if ``process`` called ``send_email`` without await
+        (that email never went out)."""
+        Awaited.forgotten(self._sends)
 
     def sql(self, name: str) -> str:
         """The job's named query ``name`` for this database's dialect (``Job.sql``)."""
@@ -160,7 +169,7 @@ class Context:
             raise LookupError(f"job {self.job.name!r} has no sql folder")
         return self.job.sql.text(self.db.dialect, name)
 
-    async def send_email(
+    def send_email(
         self,
         to: str,
         subject: str | None = None,
@@ -169,7 +178,7 @@ class Context:
         to_name: str | None = None,
         template: str | None = None,
         **variables: Any,
-    ) -> None:
+    ) -> Awaitable[None]:
         """Send one email through the configured mailer, rate limit and circuit breaker.
 
         Either ``subject`` and ``text`` (``html`` optional), or a ``template`` whose
@@ -178,17 +187,25 @@ class Context:
         unsubscribe configured it carries ``List-Unsubscribe`` and the templates get
         ``unsubscribe_url``. Raises ``Skip`` for an address that fails a plain syntax
         check, and ``Skip("suppressed: <reason>")`` for one on the suppression list.
+        Awaited, as a coroutine is: one not awaited fails the entity (``NotAwaitedError``).
         """
-        await self._effects.send_email(
-            self,
-            to=to,
-            subject=subject,
-            text=text,
-            html=html,
-            to_name=to_name,
-            template=template,
-            variables=variables,
+        send = Awaited(
+            self._effects.send_email(
+                self,
+                to=to,
+                subject=subject,
+                text=text,
+                html=html,
+                to_name=to_name,
+                template=template,
+                variables=variables,
+            ),
+            "ctx.send_email(...)",
         )
+        if self._sends is None:
+            self._sends = []
+        self._sends.append(send)
+        return send
 
     async def suppressed(self, addresses: Iterable[str]) -> dict[str, str]:
         """The addresses among ``addresses`` that are on the suppression list, each with

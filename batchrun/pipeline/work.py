@@ -118,6 +118,7 @@ class EntityWorker:
                     if item.key is not None:
                         ctx.key = item.key  # a submitted task's own idempotency key
                     await self.job.process(ctx, item.argument)
+                    ctx.check_awaited()
                 except Busy as exc:
                     # Not an attempt: wait and go again while the patience lasts.
                     if await patience.sleep(patience.backoff_s(exc.delay_s)):

@@ -105,7 +105,9 @@ async def preview(
             f"{which.name} {period}: entity {entity_id} is not in the job's page{hint}"
         )
     try:
-        await which.process(ctx.entity(entity_id), row)
+        entity = ctx.entity(entity_id)
+        await which.process(entity, row)
+        entity.check_awaited()
     except Skip as exc:
         raise UsageError(f"{which.name} would skip entity {entity_id}: {exc.reason}") from None
     if not captured:

@@ -261,8 +261,9 @@ class AsyncHarness:
         what it sends lands in the mailbox."""
         runtime = self._runtime()
         async with runtime.effects.backends.session():  # ctx.http's clients, closed after
-            ctx = self._context(period, runtime)
-            await self.job.process(ctx.entity(row["id"]), row)
+            entity = self._context(period, runtime).entity(row["id"])
+            await self.job.process(entity, row)
+            entity.check_awaited()  # a send_email without await: NotAwaitedError
 
     def _context(self, period: PeriodLike, runtime: Runtime | None = None) -> Context:
         runtime = runtime or self._runtime()

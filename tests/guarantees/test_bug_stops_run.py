@@ -42,6 +42,9 @@ class Note(batchrun.Job):
             row["no_such_column"]
         if ctx.env.get("NOTE_BUG") == "no-url":
             await ctx.http("crm").post("/notes", json={"id": row["id"]})
+        if ctx.env.get("NOTE_BUG") == "no-await":
+            ctx.send_email(to="someone@example.com", template="note", name=row["first_name"])
+            return
         await ctx.send_email(to="someone@example.com", template="note",
                              name=row["first_name"])
 """
@@ -115,6 +118,20 @@ def test_a_backend_whose_url_is_not_set_stops_after_ten(db_url: str, tmp_path: P
     line = one_error(result.stderr)
     assert "cannot run as it is set up" in line and "set BATCHRUN_BACKEND_CRM_URL" in line
     assert touched(db_url) == 10 and queued(db_url) == 10
+
+
+def test_a_send_email_without_await_is_a_bug_not_a_success(db_url: str, tmp_path: Path) -> None:
+    """The email never went out, Python only warned, and the ledger said sent: each entity
+    done for good with nothing sent. Now a bug like any other: ten, then the run stops."""
+    env = setup(db_url, tmp_path, "Hello {{ name }}\n")
+    env["NOTE_BUG"] = "no-await"
+    result = run_cli("run", "note", "--period", "2025-06", env=env)
+    assert result.returncode == 1, result.stderr
+    line = one_error(result.stderr)  # and no "never awaited" RuntimeWarning beside it
+    assert "process() called ctx.send_email(...) without await: it never ran" in line
+    assert touched(db_url) == 10 and queued(db_url) == 10 and sent(tmp_path) == 0
+    done = query(db_url, "SELECT COUNT(*) FROM batchrun_ledger WHERE job = 'note' AND state = 1")
+    assert done == [(0,)]
 
 
 def test_failures_that_are_no_bug_are_said_under_the_table(db_url: str, tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import pytest
 from support.db import mysql_connect, pg_connect
 
 import batchrun
+from batchrun.awaited import NotAwaitedError
 from batchrun.errors import NotMigratedError, PermanentMailError, UsageError
 from batchrun.testing import AsyncHarness, Harness, HttpDouble, LedgerEntry
 from batchrun.testing.database import split_statements
@@ -191,6 +192,21 @@ def test_preview_and_direct_calls(harness: Harness) -> None:
     harness.mailbox.fail("permanent", times=1)
     with pytest.raises(PermanentMailError, match="injected"):
         harness.process(rows[0], "2025-06")
+
+
+def test_a_send_email_without_await_fails_the_authors_test() -> None:
+    """The kit runs ``process`` as a run does: an email never sent is an error, not a
+    RuntimeWarning beside a passing test."""
+
+    class Forgetful(Newsletter):
+        async def process(self, ctx: batchrun.Context, row: dict[str, Any]) -> None:
+            ctx.send_email(to=row["contact_email"], subject="Hi", text="Hello\n")
+
+    with Harness(Forgetful, schema=SCHEMA) as h:
+        members(h)
+        with pytest.raises(NotAwaitedError, match="without await: it never ran"):
+            h.process({"id": 1, "contact_email": "ann@example.com", "name": "Ann"}, "2025-06")
+        assert h.emails == []
 
 
 def test_from_defaults_to_the_job_name_and_batchrun_from_wins() -> None:
