@@ -306,6 +306,8 @@ class Job:
         address: the page column that holds the recipient's email address (default
             ``"email"``): batchrun looks each page's addresses up on the suppression list
             before ``prepare``, and a dry run counts an invalid or suppressed one skipped.
+            ``None`` for a job that sends no email (an HTTP push): no row is checked for
+            one, so its dry run and ``why`` agree with its runs.
         sender: the From of the job's emails, e.g. ``"Shop <renewals@shop.example>"``;
             ``--from`` (``BATCHRUN_FROM``) overrides it. Default: ``"{name}@localhost"``.
         retry: the ``RetryPolicy`` (attempts, backoff, max_delay_s); unset fields take
@@ -328,7 +330,7 @@ class Job:
     templates: ClassVar[Path | str | None] = None
     requires: ClassVar[Mapping[str, Sequence[str]]] = {}
     counters: ClassVar[Sequence[str]] = ()
-    address: ClassVar[str] = "email"
+    address: ClassVar[str | None] = "email"
     sender: ClassVar[str | None] = None
     retry: ClassVar[RetryPolicy] = RetryPolicy()
     status_names: ClassVar[Mapping[str, str]] = {}

@@ -271,8 +271,8 @@ def _check(cls: type[Job], where: str) -> None:
         raise fail(f"once_per {cls.once_per!r} is shorter than period {cls.period!r}")
     if not isinstance(cls.description, str):
         raise fail("description is not a string")
-    if not isinstance(cls.address, str) or not cls.address:
-        raise fail(f"address {cls.address!r} is not a column name")
+    if cls.address is not None and (not isinstance(cls.address, str) or not cls.address):
+        raise fail(f"address {cls.address!r} is not a column name (None: it sends no email)")
     if cls.sender is not None:
         if not isinstance(cls.sender, str):
             raise fail(f"sender {cls.sender!r} is not a string")

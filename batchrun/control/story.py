@@ -178,9 +178,9 @@ async def _eligibility(
     row = await recheck(job, ctx, entity_id)
     if row is None:
         return False, None, "the job's page does not return it now"
-    column = getattr(job, "address", "email")
-    address = row.get(column)
-    if not isinstance(address, str):
+    column = job.address  # None: the job sends no email
+    address = row.get(column) if column is not None else None
+    if column is None or not isinstance(address, str):
         return True, None, "the job's page returns it"
     if not valid_address(address):
         return False, address, f"invalid address in {column}"

@@ -25,8 +25,9 @@ async def dry_run(
 ) -> None:
     """Count the entities of (after, until] a run would take into ``summary``.
 
-    A row's recipient (its ``Job.address`` column, when the page has one) is checked as
-    ``send_email`` would: an invalid or suppressed address is counted skipped.
+    A row's recipient (its ``Job.address`` column, when the page has one and the job
+    names one) is checked as ``send_email`` would: an invalid or suppressed address is
+    counted skipped.
     """
     ctx, _ = w.effects.context(job, period, stop=stop, dry_run=True)
     scope = scope_of(ctx)
@@ -50,7 +51,8 @@ async def dry_run(
                 in_range, await w.store.claims_of(scope, [r["id"] for r in in_range])
             )
         summary.eligible += len(in_range)
-        addresses = [r[job.address] for r in in_range if job.address in r]
+        column = job.address  # None: the job sends no email, so no row skips for one
+        addresses = [r[column] for r in in_range if column in r] if column else []
         valid = [a for a in addresses if isinstance(a, str) and valid_address(a)]
         suppressed = await ctx.suppressed(valid) if valid else {}
         summary.skipped += len(addresses) - len(valid) + sum(1 for a in valid if a in suppressed)

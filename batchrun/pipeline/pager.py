@@ -106,7 +106,8 @@ async def prepare(job: Job, ctx: Context, rows: list[dict[str, Any]]) -> None:
     """``job.prepare``, once the page's addresses (its ``Job.address`` column, when it has
     one) are looked up on the suppression list: one query a page, whose answers
     ``prepare``'s own ``ctx.suppressed`` and every ``send_email`` of the page reuse."""
-    addresses = [a for r in rows if isinstance(a := r.get(job.address), str)]
+    column = job.address  # None: the job sends no email
+    addresses = [a for r in rows if isinstance(a := r.get(column), str)] if column else []
     if addresses:
         await ctx.suppressed(addresses)
     await again_after_lost(f"{job.name} prepare", lambda: job.prepare(ctx, rows))

@@ -132,6 +132,27 @@ def test_the_dry_run_counts_what_the_run_then_does(harness: Harness) -> None:
     assert harness.mailbox.to("bob@example.com") == []
 
 
+def test_a_job_that_sends_no_email_says_so_and_its_dry_run_agrees() -> None:
+    """With the default address column, a job that only counts (an HTTP push, say) had
+    its dry run skip the invalid and missing addresses its runs never look at."""
+
+    class Tally(Newsletter):
+        address = "contact_email"
+
+        async def process(self, ctx: batchrun.Context, row: dict[str, Any]) -> None:
+            ctx.count("notes")
+
+    class Silent(Tally):
+        address = None
+
+    for job, skipped in ((Tally, 2), (Silent, 0)):
+        with Harness(job, schema=SCHEMA) as h:
+            members(h)
+            dry, real = h.dry_run("2025-06"), h.run("2025-06")
+            assert (dry.skipped, real.skipped) == (skipped, 0), job.__name__
+            assert real.counters == {"notes": 5}
+
+
 def test_a_temporary_failure_is_retried_and_then_succeeds(harness: Harness) -> None:
     harness.mailbox.fail("temporary", to="bob@example.com", times=1)
     summary = harness.run("2025-06")
