@@ -1,4 +1,5 @@
-"""The contract a job is written against: ``Job``, ``Context`` and the three verdicts.
+"""The contract a job is written against: ``Job`` and ``Context`` (the verdicts it raises
+are in ``batchrun/verdicts.py``, and importable from here as before).
 
 A job is two methods, the way Shopify's job-iteration has ``build_enumerator`` and
 ``each_iteration``: ``page`` says which entities there are, ``process`` does one. batchrun
@@ -29,6 +30,7 @@ from batchrun.awaited import Awaited
 from batchrun.db.sql import SqlFolder
 from batchrun.period import Period, Unit
 from batchrun.policy.retry import RetryPolicy
+from batchrun.verdicts import Busy, Fail, Retry, Skip, Verdict
 
 if TYPE_CHECKING:
     import httpx
@@ -38,45 +40,6 @@ if TYPE_CHECKING:
 NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 # db explain's answer: (label, the database's plan rows) per query, and a one-line verdict.
 Explained = tuple[list[tuple[str, list[dict[str, Any]]]], str]
-
-
-class Verdict(Exception):
-    """Base of the verdicts ``process`` may raise; carries a short reason."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class Skip(Verdict):
-    """End this entity for good, without failure (counted ``skipped``)."""
-
-
-class Retry(Verdict):
-    """Queue this entity for another attempt, after ``delay_s`` if given."""
-
-    def __init__(self, reason: str, delay_s: float | None = None) -> None:
-        super().__init__(reason)
-        self.delay_s = delay_s
-
-
-class Fail(Verdict):
-    """Fail this entity for good (dead-lettered, listed by ``batchrun status``)."""
-
-
-class Busy(Retry):
-    """A backend is busy (not ready, no free slot, or it answered 429 / 503): not a failure.
-
-    ``ctx.backend`` and ``ctx.http`` raise it once an entity has waited as long as it may;
-    a job may raise it too, for a busy answer of its own kind. The road never counts it as
-    an attempt: a run waits and tries the entity again, a consumer gives it back to its
-    queue with a growing delay. Called outside the road (a test calling ``process``), it
-    is the ``Retry`` it subclasses, after ``delay_s`` (a ``Retry-After``) if given.
-    """
-
-    def __init__(self, reason: str, delay_s: float | None = None, backend: str = "") -> None:
-        super().__init__(reason, delay_s)
-        self.backend = backend
 
 
 class ContextDb(Protocol):
