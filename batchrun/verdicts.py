@@ -5,9 +5,13 @@ from __future__ import annotations
 
 
 class Verdict(Exception):
-    """Base of the verdicts ``process`` may raise; carries a short reason."""
+    """Base of the verdicts ``process`` may raise; carries a short reason (the class's own
+    when none is given: ``Skip()`` was a ``TypeError``, retried as a bug)."""
 
-    def __init__(self, reason: str) -> None:
+    default_reason = "the job's verdict"
+
+    def __init__(self, reason: str = "") -> None:
+        reason = reason or self.default_reason
         super().__init__(reason)
         self.reason = reason
 
@@ -15,17 +19,23 @@ class Verdict(Exception):
 class Skip(Verdict):
     """End this entity for good, without failure (counted ``skipped``)."""
 
+    default_reason = "skipped by the job"
+
 
 class Retry(Verdict):
     """Queue this entity for another attempt, after ``delay_s`` if given."""
 
-    def __init__(self, reason: str, delay_s: float | None = None) -> None:
+    default_reason = "the job asked for a retry"
+
+    def __init__(self, reason: str = "", delay_s: float | None = None) -> None:
         super().__init__(reason)
         self.delay_s = delay_s
 
 
 class Fail(Verdict):
     """Fail this entity for good (dead-lettered, listed by ``batchrun status``)."""
+
+    default_reason = "failed by the job"
 
 
 class Busy(Retry):

@@ -107,3 +107,19 @@ def test_classify_then_settle_in_one_call() -> None:
     outcome = policy.classify(batchrun.Retry("busy", delay_s=600.0), 0, at_once=True)
     assert (outcome.state, outcome.reason, outcome.delay_s) == (State.RETRYING, "busy", 60.0)
     assert policy.classify(batchrun.Fail("no"), 0, at_once=True).state is State.FAILED
+
+
+def test_a_verdict_without_a_reason_has_its_own() -> None:
+    """``Skip()`` was a TypeError (a missing argument), which the run took for a bug in
+    the job and retried; the outcome each verdict means is the one a reason gives."""
+    from batchrun.pipeline.outcomes import classify
+
+    for verdict, state, reason in (
+        (batchrun.Skip(), State.SKIPPED, "skipped by the job"),
+        (batchrun.Retry(delay_s=5), State.RETRYING, "the job asked for a retry"),
+        (batchrun.Fail(), State.FAILED, "failed by the job"),
+        (batchrun.Fail("no such account"), State.FAILED, "no such account"),
+    ):
+        outcome = classify(verdict)
+        assert (outcome.state, outcome.reason) == (state, reason)
+    assert classify(batchrun.Retry(delay_s=5)).delay_s == 5
