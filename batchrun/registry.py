@@ -148,7 +148,7 @@ def discover(
     for name in builtins:
         found += _from(_import(name, f"built-in {name}"), "built-in", f"built-in {name}")
     for spec in specs:
-        if spec.endswith(".py") or "/" in spec or os.sep in spec:
+        if spec.endswith(".py") or "/" in spec or os.sep in spec or spec.startswith("."):
             path = Path(spec).expanduser().resolve()
             found += _from(_load_file(path, f"--jobs {spec}"), str(path), f"--jobs {spec}")
         else:

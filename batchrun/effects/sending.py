@@ -18,7 +18,7 @@ from email.utils import parseaddr
 from typing import TYPE_CHECKING, Any, Literal
 
 from batchrun import unsubscribe
-from batchrun.errors import ThrottledError
+from batchrun.errors import ThrottledError, UsageError
 from batchrun.job import Context, Retry, Skip
 from batchrun.mail.base import Mailer, Message, valid_address
 from batchrun.policy.pacing import BREAKER_REASON as BREAKER_REASON  # re-exported
@@ -150,16 +150,19 @@ class Sender:
 
     def backend(self, ctx: Context, name: str) -> AbstractAsyncContextManager[None]:
         """``ctx.backend(name)``: one call through the backend's gate."""
-        return self._backends(name).call(ctx, name)
+        return self._backends(ctx, name).call(ctx, name)
 
     def http(self, ctx: Context, name: str) -> Any:
         """``ctx.http(name)``: the backend's httpx client."""
-        return self._backends(name).http(ctx, name)
+        return self._backends(ctx, name).http(ctx, name)
 
-    def _backends(self, name: str) -> BackendPool:
+    def _backends(self, ctx: Context, name: str) -> BackendPool:
         if self.backends is None:
             # A dry run, a preview: nothing is called, as nothing is sent.
-            raise RuntimeError(f"backend {name!r} is not called in a dry run or a preview")
+            raise UsageError(
+                f"{ctx.job.name} calls backend {name!r}, which a preview does not: it shows "
+                "only the email a job would send (a dry run counts, calls nothing)"
+            )
         return self.backends
 
     def count(self, name: str, n: int) -> None:
@@ -209,6 +212,11 @@ class Sender:
             subject = subject if subject is not None else rendered.subject
             text = text if text is not None else rendered.text
             html = html if html is not None else rendered.html
+        if template is None and variables:  # a typo (subjetc=) lands here as a variable
+            raise TypeError(
+                f"send_email() got {', '.join(map(repr, variables))}: without a template it "
+                "takes to, subject, text, html and to_name"
+            )
         if subject is None or text is None:
             raise TypeError("send_email needs subject and text, or a template")
         return Message(

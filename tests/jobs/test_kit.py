@@ -230,6 +230,32 @@ def test_a_send_email_without_await_fails_the_authors_test() -> None:
         assert h.emails == []
 
 
+def test_a_typo_in_send_email_and_a_preview_of_a_backend_call_say_what_is_wrong() -> None:
+    """``subjetc=`` said "needs subject and text, or a template"; a preview of a job that
+    calls its backend first was "RuntimeError: backend ... is not called", exit 1."""
+
+    class Typo(Newsletter):
+        async def process(self, ctx: batchrun.Context, row: dict[str, Any]) -> None:
+            await ctx.send_email(to=row["contact_email"], subjetc="Hi", text="Hello\n")
+
+    class Pushing(Newsletter):
+        backends = {"crm": batchrun.Backend()}
+
+        async def process(self, ctx: batchrun.Context, row: dict[str, Any]) -> None:
+            async with ctx.backend("crm"):
+                pass
+            await super().process(ctx, row)
+
+    with Harness(Typo, schema=SCHEMA) as h:
+        members(h)
+        with pytest.raises(TypeError, match="send_email\\(\\) got 'subjetc': without a template"):
+            h.process({"id": 1, "contact_email": "ann@example.com", "name": "Ann"}, "2025-06")
+    with Harness(Pushing, schema=SCHEMA) as h:
+        members(h)
+        with pytest.raises(UsageError, match="newsletter calls backend 'crm', which a preview"):
+            h.preview(1, "2025-06")
+
+
 def test_from_defaults_to_the_job_name_and_batchrun_from_wins() -> None:
     class Plain(Newsletter):
         name = "plain"

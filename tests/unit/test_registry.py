@@ -315,6 +315,9 @@ def test_import_errors(write: Callable[..., Path], tmp_path: Path) -> None:
     assert refused("./absent.py") == "--jobs ./absent.py: no such file"
     text = write("notes.txt", "hello")
     assert refused(str(text)) == f"--jobs {text}: not a .py file"
+    # A folder given as "." or "..": a relative import's TypeError before
+    for folder in (".", ".."):
+        assert refused(folder) == f"--jobs {folder}: not a .py file"
 
 
 def test_a_failed_file_is_retried_not_cached(write: Callable[..., Path]) -> None:
