@@ -164,13 +164,15 @@ class Consumer:
         period = None if message.kind == "entity_task" else message.period
         if self.w.steering.paused(message.job, period) is not None:
             # `batchrun pause`: no new work on the job; the message waits on the queue (a
-            # task's is kept: no attempt, however long the pause).
+            # task's is kept: no attempt, however long the pause). Nothing this worker
+            # can do: it holds no --idle-exit (a paused job's task held it for good).
             found[item.message_id] = Disposition(
                 "later",
                 "paused",
                 delay_s=self.w.settings.lease_s,
                 counted=False,
                 keep=message.kind == "entity_task",
+                awaited=False,
             )
             return None
         return message
