@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import logging
 import os
 import re
 import sys
@@ -37,6 +38,8 @@ from batchrun.errors import UsageError
 from batchrun.job import NAME, Job
 from batchrun.mail.message import sender_problem
 from batchrun.period import UNITS
+
+log = logging.getLogger(__name__)
 
 BUILTINS: dict[str, str] = {"birthday": "batchrun.jobs.birthday"}  # job name -> module
 BUILTIN_MODULES: tuple[str, ...] = tuple(BUILTINS.values())
@@ -286,6 +289,29 @@ def _check(cls: type[Job], where: str) -> None:
     for method in ("page", "prepare", "process"):
         if not inspect.iscoroutinefunction(getattr(cls, method)):
             raise fail(f"{method}() is not an async def")
+    for name, meant in _misspelled(cls):
+        log.warning("%s: %r is nothing batchrun reads: did you mean %r?", where, name, meant)
+
+
+def _misspelled(cls: type[Job]) -> Iterator[tuple[str, str]]:
+    """The class's own attributes that look like a misspelled one of batchrun's
+    (``peroid``), which is then left at its default (a monthly job, say): each with the
+    name it is close to. A warning, not an error: a job's own constant may look alike."""
+    known = sorted(
+        {
+            n
+            for base in cls.__mro__
+            if base.__module__.startswith("batchrun.")
+            for n in vars(base)
+            if not n.startswith("_")
+        }
+    )
+    for name in vars(cls):
+        if name.startswith("_") or name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if close and close[0] not in vars(cls):
+            yield name, close[0]
 
 
 def _entry(cls: type[Job], source: str, where: str) -> JobEntry:

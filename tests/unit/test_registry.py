@@ -411,3 +411,37 @@ def test_two_jobs_with_one_name(write: Callable[..., Path]) -> None:
         "c/renewal.py", RENEWAL + "\n    class Again(RenewalReminder):\n        pass\n"
     )
     assert refused(str(inherits)).startswith("two jobs named 'renewal': RenewalReminder (")
+
+
+def test_a_misspelled_attribute_is_warned_about_not_ignored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``peroid = "day"`` left the job monthly, and nothing pointed back to the typo."""
+
+    class Typo(batchrun.Job):
+        name = "typo"
+        peroid = "day"
+        once_pre = "year"
+
+        async def page(self, ctx: Any, after: int, limit: int) -> list[dict[str, Any]]:
+            return []
+
+        async def process(self, ctx: Any, row: dict[str, Any]) -> None:
+            pass
+
+    class Own(Typo):  # a constant of its own beside the real attribute: not a typo
+        name = "own"
+        period = "day"
+        periods = ("day", "week")
+        peroid = "day"  # close to period, but period is there
+
+    with caplog.at_level("WARNING", logger="batchrun.registry"):
+        registry.check_job(Typo)
+        registry.check_job(Own)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "class test_a_misspelled_attribute_is_warned_about_not_ignored.<locals>.Typo: "
+        "'peroid' is nothing batchrun reads: did you mean 'period'?",
+        "class test_a_misspelled_attribute_is_warned_about_not_ignored.<locals>.Typo: "
+        "'once_pre' is nothing batchrun reads: did you mean 'once_per'?",
+    ]
