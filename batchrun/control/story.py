@@ -300,7 +300,8 @@ async def _queue_events(
         reason = data.get("reason") or ""
         if dead:
             detail = f"message {message_id_} ({kind}): {dead_reason or reason or '?'}"
-            out.append(Event(int(created), "dead-lettered", detail))
+            # visible_at: when it died (queue_dead_letter); created: when it was queued
+            out.append(Event(max(int(created), int(visible_at)), "dead-lettered", detail))
             continue
         of = f"{kind}, key {key}" if key else f"{kind}, period {period}"
         waiting = f"message {message_id_} ({of}), received {receives} times, visible from "

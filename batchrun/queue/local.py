@@ -99,7 +99,12 @@ class LocalQueue:
         return False
 
     async def dead_letter(self, item: Received, reason: str) -> None:
-        await self.db.execute("queue_dead_letter", id=int(item.message_id), reason=reason[:500])
+        await self.db.execute(
+            "queue_dead_letter",
+            id=int(item.message_id),
+            reason=reason[:500],
+            now=await self.clock.now_ms(),
+        )
 
     async def keep(self, item: Received, delay_s: float) -> None:
         """Hide it for ``delay_s``: receives never dead-letter a message of this table."""

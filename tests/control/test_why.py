@@ -289,3 +289,29 @@ def test_a_message_tried_again_tells_its_first_reason_as_earlier(
     (waiting,) = [e for e in events if e["what"] == "retry message waiting"]
     assert "received 1 times" in waiting["detail"] and "no backend URL" not in waiting["detail"]
     assert waiting["run_id"] is None and whats[-1] == "retry message waiting", whats
+
+
+def test_a_dead_letter_is_told_when_the_drain_that_gave_up_made_it(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """It was told at the time the message was first queued, credited to the run that
+    queued it, before the drain's attempts it came after."""
+    cli = no_mail_job(sqlite_url, tmp_path)
+    cli("run", "touch", "--period", "2025-07-01", reason="HTTP 500", delay_s=0)
+    spec = str(tmp_path / "touch.py")
+    env = {
+        "BATCHRUN_DB": sqlite_url,
+        "BATCHRUN_MAIL": f"file://{tmp_path / 'outbox'}",
+        "BATCHRUN_MAX_RECEIVES": "1",  # the drain's attempt is the last
+        "WHY_REASON": "HTTP 500",
+        "WHY_DELAY_S": "0",
+    }
+    drained = invoke("--jobs", spec, "retry", "--json", env=env)
+    assert json.loads(drained.stdout)["dead_lettered"] == 1, drained.output
+    runs = dict(query(sqlite_url, "SELECT kind, id FROM batchrun_run"))
+    events = cli("why", "touch", "2", "--period", "2025-07-01")["events"]
+    whats = [e["what"] for e in events]
+    letter = events[whats.index("dead-lettered")]
+    assert letter["run_id"] == runs["retry"], events
+    assert letter["at"] >= events[whats.index("failed")]["at"], events  # after the last try
+    assert [e["at"] for e in events] == sorted(e["at"] for e in events)

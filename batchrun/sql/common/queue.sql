@@ -21,7 +21,9 @@ UPDATE batchrun_queue SET body = :body, visible_at = :visible_at, receive_count 
 WHERE id = :id;
 
 -- name: queue_dead_letter
-UPDATE batchrun_queue SET dead = 1, dead_reason = :reason WHERE id = :id;
+-- A dead row's visible_at is when it died (no receive reads a dead row): `why` tells the
+-- step then, with the run that did it, not at the time the message was first queued.
+UPDATE batchrun_queue SET dead = 1, dead_reason = :reason, visible_at = :now WHERE id = :id;
 
 -- name: queue_depths
 SELECT
