@@ -87,11 +87,12 @@ class Notifier:
 
     def _post(self, body: bytes) -> None:
         headers = {"Content-Type": "application/json", "User-Agent": "batchrun"}
-        if self._authorization is not None:
-            headers["Authorization"] = self._authorization
         request = urllib.request.Request(  # noqa: S310 (http(s) only, checked in __init__)
             self._target, data=body, method="POST", headers=headers
         )
+        if self._authorization is not None:
+            # Not passed on to where a redirect points: another host, or plain http.
+            request.add_unredirected_header("Authorization", self._authorization)
         with urllib.request.urlopen(request, timeout=self.timeout_s) as response:  # noqa: S310
             response.read(1024)
 

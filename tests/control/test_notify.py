@@ -127,19 +127,40 @@ async def test_a_user_and_password_in_the_url_go_as_basic_auth() -> None:
             self.send_response(204)
             self.end_headers()
 
+        def do_GET(self) -> None:
+            got.append((self.path, self.headers.get("Authorization")))
+            self.send_response(204)
+            self.end_headers()
+
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    class Moved(Hook):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            got.append((self.path, self.headers.get("Authorization")))
+            self.send_response(302)  # urllib follows it (as a GET) to someone else's server
+            self.send_header("Location", f"http://127.0.0.1:{ports[0]}/elsewhere")
+            self.end_headers()
+
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), h) for h in (Hook, Moved)]
+    ports = [s.server_address[1] for s in servers]
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for thread in threads:
+        thread.start()
     try:
-        port = server.server_address[1]
-        url = f"http://hook%40ops:p%3Ass-w0rd@127.0.0.1:{port}/services/T0K3N?x=1"
+        url = f"http://hook%40ops:p%3Ass-w0rd@127.0.0.1:{ports[0]}/services/T0K3N?x=1"
         assert await Notifier(url).send({"text": "hi"})
+        expected = "Basic " + base64.b64encode(b"hook@ops:p:ss-w0rd").decode()
+        assert got == [("/services/T0K3N?x=1", expected)]
+        # A hook that redirects: the credentials stay with the host they were given for.
+        got.clear()
+        assert await Notifier(f"http://hook:pw-pw-pw@127.0.0.1:{ports[1]}/hook").send({})
+        assert got == [("/hook", "Basic " + base64.b64encode(b"hook:pw-pw-pw").decode())] + [
+            ("/elsewhere", None)
+        ]
     finally:
-        server.shutdown()
-        thread.join()
-        server.server_close()
-    expected = "Basic " + base64.b64encode(b"hook@ops:p:ss-w0rd").decode()
-    assert got == [("/services/T0K3N?x=1", expected)]
+        for server, thread in zip(servers, threads, strict=True):
+            server.shutdown()
+            thread.join()
+            server.server_close()
