@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 FLUSH_ROWS = 1000
+PAUSED = "paused"  # the reason of a message given back because its job is paused
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from batchrun.errors import LockTimeoutError
 from batchrun.job import Job
 from batchrun.period import Period
 from batchrun.period import parse as parse_period
-from batchrun.pipeline.apply import Applier, Disposition, LedgerWrites
+from batchrun.pipeline.apply import PAUSED, Applier, Disposition, LedgerWrites
 from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.item import Item
 from batchrun.pipeline.lease import Lease
@@ -168,7 +168,7 @@ class Consumer:
             # can do: it holds no --idle-exit (a paused job's task held it for good).
             found[item.message_id] = Disposition(
                 "later",
-                "paused",
+                PAUSED,
                 delay_s=self.w.settings.lease_s,
                 counted=False,
                 keep=message.kind == "entity_task",

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from batchrun.db.store import Scope, Store
 from batchrun.job import Job
-from batchrun.pipeline.apply import Disposition, settle_messages
+from batchrun.pipeline.apply import PAUSED, Disposition, settle_messages
 from batchrun.pipeline.consume import Consumer
 from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.reports import RetrySummary
@@ -133,6 +133,8 @@ def count(result: RetrySummary, verdict: Disposition) -> None:
         result.not_eligible += 1
     elif verdict.busy:
         result.busy += 1  # given back: its backend was busy (no attempt)
+    elif verdict.reason == PAUSED:
+        result.paused += 1  # given back unworked: its job is paused
     elif verdict.keep and verdict.action == "later":
         # a task waiting for its entity's turn: due back after its delay (one waiting for
         # its retry time holds no idle exit, as its retry does not)

@@ -140,6 +140,9 @@ class RetrySummary(_Report):
     # when (time.monotonic()) the last task this process put back to wait for its entity's
     # turn comes back: a worker's --idle-exit waits past it (not in the JSON)
     waiting_until: float = 0.0
+    # messages of paused jobs given back unworked: no work, so no end to a worker's idle
+    # time (not in the JSON)
+    paused: int = 0
 
     @property
     def exit_code(self) -> int:
@@ -153,6 +156,7 @@ class RetrySummary(_Report):
         data = super().to_json()
         del data["unknown_jobs"]
         del data["waiting_until"]
+        del data["paused"]
         if data["error"] is None:
             del data["error"]
         if not data["backends"]:

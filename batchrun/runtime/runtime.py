@@ -291,7 +291,7 @@ class Runtime:
         tasks and continuations, each message kept invisible while it is worked on. Idle:
         nothing received for ``idle_exit_s``, and every task this worker put back to wait
         for its entity's turn has come back (a retry's own delay does not hold it, nor a
-        copy of a failed task's message waiting for its retry time).
+        copy of a failed task's message waiting for its retry time, nor a paused job's).
 
         A mail outage does not end the worker: it backs off (1 s, doubling to 30 s) and
         polls on, so a supervisor never has to restart it; one at its start (the mail
@@ -306,9 +306,7 @@ class Runtime:
         if not checked:
             return result  # stopped while the mail server (or the queue) was down
         backends = self.effects.backends.snapshot()
-        idle_since = time.monotonic()
-        requeued_at = 0.0
-        outage = 0
+        idle_since, requeued_at, outage = time.monotonic(), 0.0, 0
         while not self.stop.stopping:
             if time.monotonic() - requeued_at >= REQUEUE_EVERY_S:
                 result.requeued += await self.requeue_unqueued()
@@ -331,9 +329,10 @@ class Runtime:
                     break
                 await self._sleep(IDLE_POLL_S)
                 continue
-            known = set(result.unknown_jobs)
+            known, paused = set(result.unknown_jobs), result.paused
             broken = await self._settle(items, options, result, visibility_s, queue=queue)
-            idle_since = time.monotonic()
+            if result.paused - paused < len(items):  # a paused job's messages are no work
+                idle_since = time.monotonic()
             if self.consumer.bugs.tripped is not None:
                 result.error = self.consumer.bugs.tripped  # like a crash: exit 1
                 break

@@ -218,8 +218,10 @@ def test_a_paused_task_job_waits_then_runs(sqlite_url: str) -> None:
     assert run_cli("pause", "steps", "--reason", "encoder upgrade", env=env).returncode == 0
     held = json.loads(run_cli("status", "steps", "--json", env=env).stdout)
     assert (held["paused"], held["paused_reason"]) == (True, "encoder upgrade")
-    # Paused work is none this worker can do: --idle-exit ends it (it waited for good).
-    assert run_cli("worker", "--idle-exit", "1", env=env, timeout=60).returncode == 0
+    # Paused work is none this worker can do: --idle-exit ends it (it waited for good),
+    # an idle time longer than the lease too (the task comes back every lease, unworked).
+    for idle in ("1", "5"):
+        assert run_cli("worker", "--idle-exit", idle, env=env, timeout=60).returncode == 0
     assert effects(sqlite_url) == []  # paused: nothing ran, the task waits
     assert run_cli("resume", "steps", env=env).returncode == 0
     assert "paused" not in json.loads(run_cli("status", "steps", "--json", env=env).stdout)
