@@ -9,6 +9,7 @@ record a success that sent nothing. ``Context`` hands out ``Awaited`` instead an
 from __future__ import annotations
 
 from collections.abc import Coroutine, Generator
+from types import TracebackType
 from typing import Any
 
 
@@ -17,8 +18,9 @@ class NotAwaitedError(RuntimeError):
     (the same for every entity, so the bug threshold stops the run)."""
 
 
-class Awaited:
-    """Awaits ``coroutine`` when awaited; remembers that it was."""
+class Awaited(Coroutine[Any, Any, None]):
+    """``coroutine`` itself to whoever runs it (``await``, ``asyncio.create_task``,
+    ``TaskGroup``, ``gather``: a ``Coroutine``); remembers that it was run."""
 
     __slots__ = ("_coroutine", "awaited", "what")
 
@@ -30,6 +32,24 @@ class Awaited:
     def __await__(self) -> Generator[Any, None, None]:
         self.awaited = True
         return self._coroutine.__await__()
+
+    def send(self, value: Any) -> Any:
+        self.awaited = True
+        return self._coroutine.send(value)
+
+    def throw(
+        self,
+        typ: type[BaseException] | BaseException,
+        val: BaseException | object = None,
+        tb: TracebackType | None = None,
+    ) -> Any:
+        self.awaited = True
+        if val is None and tb is None:
+            return self._coroutine.throw(typ)
+        return self._coroutine.throw(typ, val, tb)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._coroutine.close()
 
     @staticmethod
     def forgotten(started: list[Awaited] | None) -> None:

@@ -165,9 +165,10 @@ class Context:
             ),
             "ctx.send_email(...)",
         )
-        if self._sends is None:
-            self._sends = []
-        self._sends.append(send)
+        if self.id is not None:  # an entity's (prepare's run-wide context keeps none)
+            if self._sends is None:
+                self._sends = []
+            self._sends.append(send)
         return send
 
     async def suppressed(self, addresses: Iterable[str]) -> dict[str, str]:

@@ -4,6 +4,7 @@ answers what it is told. Every assertion here is one a job author's test would m
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -228,6 +229,26 @@ def test_a_send_email_without_await_fails_the_authors_test() -> None:
         with pytest.raises(NotAwaitedError, match="without await: it never ran"):
             h.process({"id": 1, "contact_email": "ann@example.com", "name": "Ann"}, "2025-06")
         assert h.emails == []
+
+
+def test_sends_run_as_tasks_and_in_a_task_group_as_they_ran_as_coroutines() -> None:
+    """send_email hands out something that knows whether it was run: still a coroutine to
+    asyncio.create_task and TaskGroup, as it was when send_email was an async def."""
+
+    class Together(Newsletter):
+        async def process(self, ctx: batchrun.Context, row: dict[str, Any]) -> None:
+            first = asyncio.create_task(
+                ctx.send_email(to=row["contact_email"], subject="1", text="1\n")
+            )
+            async with asyncio.TaskGroup() as group:
+                group.create_task(ctx.send_email(to=row["contact_email"], subject="2", text="2\n"))
+            await first
+            await asyncio.gather(ctx.send_email(to=row["contact_email"], subject="3", text="3\n"))
+
+    with Harness(Together, schema=SCHEMA) as h:
+        members(h)
+        h.process({"id": 1, "contact_email": "ann@example.com", "name": "Ann"}, "2025-06")
+        assert sorted(e.subject for e in h.emails) == ["1", "2", "3"]
 
 
 def test_a_typo_in_send_email_and_a_preview_of_a_backend_call_say_what_is_wrong() -> None:
