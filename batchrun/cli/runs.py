@@ -101,10 +101,10 @@ def runs(
                 rows = await history.runs_serving(job, since_ms=start, limit=limit)
             else:
                 rows = await history.runs(job, since_ms=start, limit=limit)
-        if job is not None and entry is None and not rows:
-            # A job no process here knows, with no history either: a typo, or one of the
-            # team's own not loaded (a task job's runs are found through --jobs).
-            context.registry.entry(job)  # the "unknown job" error, exit 2
+            if job is not None and entry is None and not rows and not await history.runs(job):
+                # A job no process here knows, with no history either: a typo, or one of
+                # the team's own not loaded (a task job's runs are found through --jobs).
+                context.registry.entry(job)  # the "unknown job" error, exit 2
         if as_json:
             print(json.dumps([r.to_json() for r in rows]))
             return 0

@@ -258,6 +258,17 @@ def test_runs_of_a_job_nobody_knows_is_a_usage_error(tmp_path: Path) -> None:
     assert (none_yet.returncode, none_yet.stdout.strip()) == (0, "no runs recorded yet")
     later = run_cli("runs", "birthday", "--since", "2099-01-01", env=env)
     assert (later.returncode, later.stdout.strip()) == (0, "no runs since 2099-01-01")
+    # A job none of these processes loads, whose runs the history has: they are listed,
+    # and a --since that leaves none out is no usage error.
+    query(
+        env["BATCHRUN_DB"],
+        "INSERT INTO batchrun_run (job, period, kind, host, pid, version, started_at, "
+        "heartbeat_at, ended_at, exit_code, outcome) "
+        "VALUES ('gone', '2025-06', 'run', 'h', 1, 'x', 1000, 1000, 2000, 0, 'ok')",
+    )
+    assert len(json.loads(run_cli("runs", "gone", "--json", env=env).stdout)) == 1
+    since = run_cli("runs", "gone", "--since", "2099-01-01", "--json", env=env)
+    assert (since.returncode, since.stdout.strip()) == (0, "[]"), since.stderr
 
 
 def test_steering_nothing_says_so(tmp_path: Path) -> None:
