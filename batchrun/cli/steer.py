@@ -128,22 +128,24 @@ def cancel(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) ->
         async with open_backends(context.settings) as backends:
             db = backends.store.db
             await Controls(db).cancel(job, which)
+            # Its own runs, and the workers, drains and Lambda invocations (no job of their
+            # own) that may be doing its work: the cancel reaches them all.
             going = [
                 r
                 for r in await History(db, lease_s=context.settings.lease_s).running()
-                if r.job == job and which in (None, r.period)
+                if r.job is None or (r.job == job and which in (None, r.period))
             ]
         what = " ".join(filter(None, (job, which)))
         if going:
             stderr.print(
-                f"cancelled the {len(going)} running {what} run{'s' if len(going) > 1 else ''}: "
-                "they stop at their next heartbeat",
+                f"cancelled {what}: what works on it now stops at its next heartbeat "
+                f"({len(going)} run{'s' if len(going) > 1 else ''} going on)",
                 highlight=False,
             )
         else:
             stderr.print(
-                f"no {what} run is going on now: a cancel reaches only those (`batchrun pause` "
-                "keeps runs from starting)",
+                f"no run or worker is going on now: a cancel of {what} reaches only those "
+                "(`batchrun pause` keeps runs from starting)",
                 highlight=False,
             )
         return 0
