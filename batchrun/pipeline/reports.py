@@ -7,6 +7,9 @@ from typing import Any
 
 from batchrun.db.store import State
 
+MAX_REASONS = 100  # distinct failure reasons a run keeps for its summary
+OTHER_REASONS = "other reasons (`batchrun status` lists each entity's)"
+
 
 class _Report:
     """The JSON form every result shares: its fields, the duration rounded to a millisecond."""
@@ -79,9 +82,14 @@ class Summary(_Report):
         self.counters[name] = self.counters.get(name, 0) + n
 
     def failed_for(self, reason: str, n: int = 1) -> None:
-        """``n`` entities failed (for a retry or for good) for ``reason``."""
+        """``n`` entities failed (for a retry or for good) for ``reason``; past
+        ``MAX_REASONS`` distinct ones (a refusal naming each recipient, say), the rest
+        count as one "other reasons", so memory does not grow with the period."""
         self.failed += n
-        self.failure_reasons[reason] = self.failure_reasons.get(reason, 0) + n
+        reasons = self.failure_reasons
+        if reason not in reasons and len(reasons) >= MAX_REASONS:
+            reason = OTHER_REASONS
+        reasons[reason] = reasons.get(reason, 0) + n
 
     def common_failures(self, most: int = 3) -> list[tuple[str, int]]:
         """The ``most`` commonest reasons entities failed in this run, commonest first."""

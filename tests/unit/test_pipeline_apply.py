@@ -313,3 +313,20 @@ async def test_a_busy_message_not_given_back_waits_for_its_visibility(event_sour
     )
     assert [f.message_id for f in failed] == (["busy"] if event_source else [])
     assert ("delete", ["busy"]) not in queue.calls
+
+
+def test_a_runs_failure_reasons_stay_bounded() -> None:
+    """One reason per failed entity (a refusal naming each recipient) kept one key each,
+    growing with the period; past a hundred they count together."""
+    from batchrun.pipeline.reports import MAX_REASONS, OTHER_REASONS, Summary
+
+    summary = Summary(job="birthday", period="2025-06", dry_run=False)
+    for n in range(5000):
+        summary.failed_for(f"550 5.1.1 <user{n}@example.com>: no such user")
+    summary.failed_for("550 5.1.1 <user0@example.com>: no such user", 2)
+    assert summary.failed == 5002 and len(summary.failure_reasons) == MAX_REASONS + 1
+    assert summary.common_failures(2) == [
+        (OTHER_REASONS, 5000 - MAX_REASONS),
+        ("550 5.1.1 <user0@example.com>: no such user", 3),
+    ]
+    assert "failure_reasons" not in summary.to_json()
