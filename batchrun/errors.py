@@ -8,7 +8,9 @@
     ├── DatabaseError                the database failed or cannot be reached
     │   ├── NotMigratedError         batchrun's tables are missing: run `batchrun db migrate`
     │   ├── LockTimeoutError         rolled back on a lock wait, deadlock or serialization failure
-    │   └── OutcomeUnknownError      a job's statement lost its reply: it may or may not have run
+    │   ├── OutcomeUnknownError      a job's statement lost its reply: it may or may not have run
+    │   └── StatementError           a job's statement as written is refused (syntax, no such
+    │                                table or column): the job's mistake, every time
     ├── MailError                    a message could not be sent; carries a reason
     │   ├── TemporaryMailError       worth retrying later (4xx, timeout, throttling)
     │   │   ├── MailConnectionError  the backend itself is unreachable (feeds the breaker)
@@ -72,6 +74,12 @@ class OutcomeUnknownError(DatabaseError):
     """The connection was lost after a job's statement was sent and before its reply: it
     may have run or not. batchrun never runs it again; the entity is retried as a whole
     (the job's own keys make that safe) and counted ``unknown_outcome``."""
+
+
+class StatementError(DatabaseError):
+    """The database refused one of a job's own statements as written: its SQL does not
+    parse, or names a table or column that does not exist. The job's mistake, the same for
+    every entity (a page that does it is a ``JobError``; a ``process``, a bug)."""
 
 
 class MailError(BatchrunError):

@@ -20,12 +20,15 @@ from batchrun.errors import (
     DatabaseError,
     LockTimeoutError,
     NotMigratedError,
+    StatementError,
 )
 from batchrun.urls import mask_text, mask_url, split
 
 log = logging.getLogger(__name__)
 
 _NO_TABLE = 1146
+# A statement refused as written: a syntax error, no such table, no such column.
+_AS_WRITTEN = {1064, _NO_TABLE, 1054}
 _LOCK_WAIT_TIMEOUT = 1205
 # Server gone away, lost connection: one of batchrun's own statements (idempotent by
 # construction) goes again on a fresh connection; a job's statement never does (its
@@ -212,6 +215,8 @@ class MySQLDatabase(ServerDatabase):
         """The error to raise for ``exc``; ``own``: one of batchrun's statements, whose
         missing table means a database not migrated (a job's is the job's mistake)."""
         text = self._masked(exc)
+        if not own and _code(exc) in _AS_WRITTEN:
+            return StatementError(f"database {self.url}: {text}")
         if own and _code(exc) == _NO_TABLE:
             return NotMigratedError(
                 f"database {self.url} is missing batchrun's tables ({text}): "

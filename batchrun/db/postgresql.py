@@ -20,6 +20,7 @@ from batchrun.errors import (
     DatabaseError,
     LockTimeoutError,
     NotMigratedError,
+    StatementError,
 )
 from batchrun.urls import mask_text, mask_url, split
 
@@ -194,6 +195,8 @@ class PostgreSQLDatabase(ServerDatabase):
         """The error to raise for ``exc``; ``own``: one of batchrun's statements, whose
         missing table means a database not migrated (a job's is the job's mistake)."""
         text = self._masked(exc)
+        if not own and (exc.sqlstate or "").startswith("42"):  # syntax, no such table ...
+            return StatementError(f"database {self.url}: {text}")
         if own and exc.sqlstate == _NO_TABLE:
             return NotMigratedError(
                 f"database {self.url} is missing batchrun's tables ({text}): "

@@ -11,7 +11,13 @@ import aiosqlite
 
 from batchrun.db.base import Database, Row
 from batchrun.db.sql import Queries, Statement
-from batchrun.errors import ConfigError, DatabaseError, LockTimeoutError, NotMigratedError
+from batchrun.errors import (
+    ConfigError,
+    DatabaseError,
+    LockTimeoutError,
+    NotMigratedError,
+    StatementError,
+)
 
 
 def sqlite_path(url: str) -> str:
@@ -78,6 +84,8 @@ class SQLiteDatabase(Database):
                 names = [d[0] for d in cur.description or ()]
                 return cur.rowcount, [tuple(r) for r in rows], names
         except sqlite3.OperationalError as exc:
+            if not own and any(w in str(exc) for w in ("no such ", "syntax error")):
+                raise StatementError(f"database {self.url}: {exc}") from exc
             if own and ("no such table" in str(exc) or "no such column" in str(exc)):
                 raise NotMigratedError(
                     f"database {self.url} is missing batchrun's tables ({exc}): "

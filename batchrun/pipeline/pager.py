@@ -21,10 +21,10 @@ from batchrun.db.base import Database
 from batchrun.db.store import FINAL_STATES, MAX_ID, Claim, Scope, Store
 from batchrun.errors import (
     BatchrunError,
-    DatabaseError,
     JobError,
     LockTimeoutError,
     OutcomeUnknownError,
+    StatementError,
 )
 from batchrun.job import Context, Job
 from batchrun.pipeline.engine import StopToken
@@ -61,16 +61,15 @@ async def page(job: Job, ctx: Context, after: int, limit: int) -> list[dict[str,
     Raises:
         JobError: the page failed in the job's own code or SQL (a table of its own that
             does not exist, a parameter not given), or returned something else: one line
-            naming the job. Lock waits, lost replies and batchrun's own errors as they are.
+            naming the job. The database's own failures (an outage, a lock wait, a lost
+            reply) and batchrun's errors as they are.
     """
     try:
         rows = await again_after_lost(f"{job.name} page", lambda: job.page(ctx, after, limit))
-    except (LockTimeoutError, OutcomeUnknownError):
-        raise
-    except BatchrunError as exc:
-        if type(exc) is not DatabaseError:  # a usage error, batchrun's own tables
-            raise
+    except StatementError as exc:
         raise JobError(f"job {job.name!r}: page(): {exc}") from exc
+    except BatchrunError:
+        raise
     except Exception as exc:
         raise JobError(f"job {job.name!r}: page() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(rows, list):

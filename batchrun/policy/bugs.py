@@ -3,7 +3,8 @@ bug, not an outage, so the run stops instead of queueing every entity for a retr
 
 An error's signature is its type and where it was raised (the innermost frame of its
 traceback); a template error's is its one line, which names the template and the
-variable, as is any setting's error (``ConfigError``: a backend's URL not set). Transient
+variable, as is any setting's error (``ConfigError``: a backend's URL not set) and a
+job's statement the database refused as written (``StatementError``). Transient
 errors have none: batchrun's own (mail, database, queue), a job's
 verdicts (Skip, Retry, Fail), OSError and TimeoutError, httpx's. ``BATCHRUN_BUG_THRESHOLD``
 (default 10) entities in a row with one signature trip the streak; any other outcome in
@@ -16,7 +17,7 @@ import asyncio
 import sys
 from types import TracebackType
 
-from batchrun.errors import BatchrunError, ConfigError, TemplateError
+from batchrun.errors import BatchrunError, ConfigError, StatementError, TemplateError
 from batchrun.job import Skip, Verdict
 from batchrun.urls import mask_url
 
@@ -25,8 +26,8 @@ Signature = tuple[str, str]
 
 def signature(exc: BaseException) -> Signature | None:
     """The error's (type, origin), or None for an error that may pass by itself."""
-    if isinstance(exc, ConfigError):  # a template's, a backend's URL not set: never passes
-        return type(exc).__qualname__, str(exc)
+    if isinstance(exc, ConfigError | StatementError):  # a template's, a backend's URL not
+        return type(exc).__qualname__, str(exc)  # set, an SQL refused as written: never passes
     if isinstance(exc, BatchrunError | Verdict | OSError | TimeoutError):
         return None
     httpx = sys.modules.get("httpx")

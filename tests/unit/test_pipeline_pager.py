@@ -20,6 +20,7 @@ from batchrun.errors import (
     LockTimeoutError,
     NotMigratedError,
     OutcomeUnknownError,
+    StatementError,
 )
 from batchrun.pipeline import pager
 from batchrun.pipeline.item import Item
@@ -174,7 +175,7 @@ async def test_page_refuses_rows_that_break_the_contract(
         ({"id": 1}, "page\\(\\) returned dict, not a list of dicts"),
         (KeyError("query parameter :limit not given"), "page\\(\\) raised KeyError: .*:limit"),
         (TypeError("'NoneType' object"), "page\\(\\) raised TypeError"),
-        (DatabaseError("database x: no such table: subscription"), "page\\(\\): database x: no"),
+        (StatementError("database x: no such table: subscription"), "page\\(\\): database x: no"),
     ],
 )
 async def test_a_page_that_fails_or_returns_no_list_is_one_line_naming_the_job(
@@ -207,7 +208,14 @@ async def test_a_page_that_forgot_an_await_says_so_and_nothing_else_warns() -> N
         gc.collect()
 
 
-@pytest.mark.parametrize("error", [LockTimeoutError("lock"), NotMigratedError("not migrated")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        LockTimeoutError("lock"),
+        NotMigratedError("not migrated"),
+        DatabaseError("database x: (1040) Too many connections"),  # an outage, not the job
+    ],
+)
 async def test_lock_waits_and_batchruns_own_errors_pass_as_they_are(error: Exception) -> None:
     class Waiting(FakeJob):
         async def page(self, ctx: Any, after: int, limit: int) -> Any:
