@@ -14,7 +14,7 @@ import sys
 import traceback
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
 import typer
 from rich.logging import RichHandler
@@ -26,7 +26,7 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from batchrun import __version__
-from batchrun.cli.conventions import reader_gone, stderr
+from batchrun.cli.conventions import reader_gone, stderr, stdout_gone
 from batchrun.errors import BatchrunError, ConfigError
 from batchrun.job import Job
 from batchrun.period import Period, Unit, current, parse
@@ -296,17 +296,23 @@ def run_command(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]
     except KeyboardInterrupt:
         stderr.print(Text("aborted", style="red"))
         raise typer.Exit(130) from None
-    except BrokenPipeError:
-        reader_gone()
+    except BrokenPipeError as exc:
+        if stdout_gone():
+            reader_gone()
+        _fail(context, exc)
     except Exception as exc:
         if isinstance(exc, click_exceptions.ClickException | typer.Exit | typer.Abort):
             raise  # usage errors inside a command: click's own line and exit 2
-        if context.verbose:
-            # The frames only: the message is the one line below, printed once.
-            frames = "".join(traceback.format_tb(exc.__traceback__))
-            stderr.print(f"Traceback (most recent call last):\n{frames}", markup=False, end="")
-        line = Text.assemble(("error:", "red"), " ", error_text(context, exc))
-        stderr.print(line, highlight=False, soft_wrap=True)
-        code = exc.exit_code if isinstance(exc, BatchrunError) else 1
-        raise typer.Exit(code) from None
+        _fail(context, exc)
     raise typer.Exit(code)
+
+
+def _fail(context: Invocation, exc: Exception) -> NoReturn:
+    """The error's one line (its frames first, with -v) and its exit code."""
+    if context.verbose:
+        # The frames only: the message is the one line below, printed once.
+        frames = "".join(traceback.format_tb(exc.__traceback__))
+        stderr.print(f"Traceback (most recent call last):\n{frames}", markup=False, end="")
+    line = Text.assemble(("error:", "red"), " ", error_text(context, exc))
+    stderr.print(line, highlight=False, soft_wrap=True)
+    raise typer.Exit(exc.exit_code if isinstance(exc, BatchrunError) else 1) from None

@@ -23,6 +23,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
+import select
 import signal
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -39,6 +40,17 @@ from batchrun.errors import UsageError
 
 # The exit status of a program that SIGPIPE ended, as `git log | head` leaves it.
 BROKEN_PIPE_EXIT = 128 + signal.SIGPIPE
+
+
+def stdout_gone() -> bool:
+    """Whether stdout's reader has gone away (a pipe whose read end is closed), as opposed
+    to a BrokenPipeError from some other pipe or socket (a job's own), which is an error."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll(), no fd (a test's stdout)
+        return False
 
 
 def reader_gone() -> NoReturn:

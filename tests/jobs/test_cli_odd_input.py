@@ -230,3 +230,25 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(
     finally:
         os.close(write)
     assert (done.returncode, done.stderr) == (141, ""), done.stderr
+
+
+def test_a_broken_pipe_that_is_not_stdouts_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a reader of stdout gone away is quiet (141): a BrokenPipeError from another
+    pipe or socket is an error like any other, one line and exit 1."""
+    from typer.testing import CliRunner
+
+    from batchrun.cli import app
+    from batchrun.control.history import History
+
+    db = f"sqlite:///{tmp_path / 'b.db'}"
+    assert run_cli("db", "migrate", env={"BATCHRUN_DB": db}).returncode == 0
+
+    async def broken(*args: object, **kwargs: object) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(History, "runs", broken)
+    result = CliRunner().invoke(app, ["--db", db, "runs"])
+    assert result.exit_code == 1, result.output
+    assert "error: BrokenPipeError" in result.output
