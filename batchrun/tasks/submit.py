@@ -249,17 +249,24 @@ async def _withdraw(store: TaskStore, job: str, keys: list[str]) -> None:
     if not keys:
         return
     withdrawal = asyncio.ensure_future(store.withdraw(job, keys))
-    withdrawal.add_done_callback(functools.partial(_log_failed_withdrawal, job, keys))
+    _WITHDRAWING.add(withdrawal)  # held until done: the loop keeps only a weak reference
+    withdrawal.add_done_callback(functools.partial(_withdrawn, job, keys))
     with contextlib.suppress(Exception):  # logged there
         await asyncio.shield(withdrawal)
 
 
-def _log_failed_withdrawal(job: str, keys: list[str], done: asyncio.Future[int]) -> None:
-    if not done.cancelled() and done.exception() is not None:
+_WITHDRAWING: set[asyncio.Future[int]] = set()
+
+
+def _withdrawn(job: str, keys: list[str], done: asyncio.Future[int]) -> None:
+    _WITHDRAWING.discard(done)
+    # cancelled: the loop ended first (a caller's asyncio.run returning)
+    why = "cancelled before it ran" if done.cancelled() else done.exception()
+    if why is not None:
         log.error(
             "%d task(s) of job %r recorded but not queued (%s): the lost-task sweep sends them: %s",
             len(keys),
             job,
             ", ".join(repr(k) for k in keys[:5]) + (" ..." if len(keys) > 5 else ""),
-            done.exception(),
+            why,
         )
