@@ -48,7 +48,9 @@ class Busy(Retry):
     is the ``Retry`` it subclasses, after ``delay_s`` (a ``Retry-After``) if given.
     """
 
-    def __init__(self, reason: str, delay_s: float | None = None, backend: str = "") -> None:
+    default_reason = "the backend is busy"
+
+    def __init__(self, reason: str = "", delay_s: float | None = None, backend: str = "") -> None:
         super().__init__(reason, delay_s)
         self.backend = backend
 

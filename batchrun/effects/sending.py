@@ -160,8 +160,8 @@ class Sender:
         if self.backends is None:
             # A dry run, a preview: nothing is called, as nothing is sent.
             raise UsageError(
-                f"{ctx.job.name} calls backend {name!r}, which a preview does not: it shows "
-                "only the email a job would send (a dry run counts, calls nothing)"
+                f"{ctx.job.name} calls backend {name!r}, which a dry run or a preview does "
+                "not: a preview shows only the email a job would send"
             )
         return self.backends
 
@@ -212,13 +212,10 @@ class Sender:
             subject = subject if subject is not None else rendered.subject
             text = text if text is not None else rendered.text
             html = html if html is not None else rendered.html
-        if template is None and variables:  # a typo (subjetc=) lands here as a variable
-            raise TypeError(
-                f"send_email() got {', '.join(map(repr, variables))}: without a template it "
-                "takes to, subject, text, html and to_name"
-            )
         if subject is None or text is None:
-            raise TypeError("send_email needs subject and text, or a template")
+            # A typo (subjetc=) lands in the template's variables: name it.
+            got = f"; it got {', '.join(map(repr, variables))}" if variables else ""
+            raise TypeError(f"send_email needs subject and text, or a template{got}")
         return Message(
             sender=self.from_addr,
             to_addr=to,

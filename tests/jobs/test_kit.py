@@ -269,11 +269,22 @@ def test_a_typo_in_send_email_and_a_preview_of_a_backend_call_say_what_is_wrong(
 
     with Harness(Typo, schema=SCHEMA) as h:
         members(h)
-        with pytest.raises(TypeError, match="send_email\\(\\) got 'subjetc': without a template"):
+        with pytest.raises(
+            TypeError, match="needs subject and text, or a template; it got 'subjetc'"
+        ):
             h.process({"id": 1, "contact_email": "ann@example.com", "name": "Ann"}, "2025-06")
+
+    class Stray(Newsletter):  # a variable beside subject and text: ignored, as it was
+        async def process(self, ctx: batchrun.Context, row: dict[str, Any]) -> None:
+            await ctx.send_email(to=row["contact_email"], subject="Hi", text="Hi\n", name="Ann")
+
+    with Harness(Stray, schema=SCHEMA) as h:
+        members(h)
+        h.process({"id": 1, "contact_email": "ann@example.com", "name": "Ann"}, "2025-06")
+        assert [e.subject for e in h.emails] == ["Hi"]
     with Harness(Pushing, schema=SCHEMA) as h:
         members(h)
-        with pytest.raises(UsageError, match="newsletter calls backend 'crm', which a preview"):
+        with pytest.raises(UsageError, match="newsletter calls backend 'crm', which a dry run or"):
             h.preview(1, "2025-06")
 
 

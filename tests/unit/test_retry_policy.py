@@ -119,6 +119,7 @@ def test_a_verdict_without_a_reason_has_its_own() -> None:
         (batchrun.Retry(delay_s=5), State.RETRYING, "the job asked for a retry"),
         (batchrun.Fail(), State.FAILED, "failed by the job"),
         (batchrun.Fail("no such account"), State.FAILED, "no such account"),
+        (batchrun.Busy(), State.RETRYING, "the backend is busy"),
     ):
         outcome = classify(verdict)
         assert (outcome.state, outcome.reason) == (state, reason)
