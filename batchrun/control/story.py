@@ -242,9 +242,9 @@ def _ledger_events(
         elif emailed is False:
             detail = f"{tries}; period {period}; no email sent (the run history counts none)"
             out.append(Event(updated, "succeeded", detail, run))
-        else:
-            detail = f"{tries}; period {period}; an email, if it sent one: Message-ID {mid}"
-            out.append(Event(updated, "succeeded", detail, run))
+        else:  # "sent", as it always said: only the history's "none" says otherwise
+            detail = f"Message-ID {mid}, if it sent an email ({tries}; period {period})"
+            out.append(Event(updated, "sent", detail, run))
     elif state == State.SKIPPED:
         out.append(Event(updated, "skipped", error or "skipped", run))
     elif state == State.RETRYING:
