@@ -139,9 +139,17 @@ def too_many(wait_s: int) -> Response:
 
 
 def client_address(request: Request) -> str:
-    """The client's address (uvicorn's proxy headers make it the client's behind a proxy
-    it trusts)."""
-    return request.client.host if request.client is not None else ""
+    """Who the wrong tokens are counted against: the client's address (uvicorn's proxy
+    headers make it the client's behind a proxy it trusts), an IPv6 one's /64, which one
+    host holds whole (a new address a guess would not start a new count)."""
+    host = request.client.host if request.client is not None else ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if address.version == 6 and address.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return host
 
 
 class SecureHeaders:

@@ -470,6 +470,21 @@ def test_the_login_limiter_forgets_passed_windows_and_stays_bounded() -> None:
     assert len(limiter) == 1
 
 
+def test_wrong_tokens_count_against_an_ipv6_clients_whole_64() -> None:
+    """An IPv6 host holds a whole /64: a new address for each guess started a new count."""
+    from starlette.requests import Request
+
+    from batchrun.ui.security import client_address
+
+    def of(host: str) -> str:
+        return client_address(Request({"type": "http", "client": (host, 1234), "headers": []}))
+
+    assert of("2001:db8:1:2::1") == of("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert of("2001:db8:1:3::1") != of("2001:db8:1:2::1")
+    assert of("203.0.113.7") == "203.0.113.7" and of("::ffff:203.0.113.7") == "::ffff:203.0.113.7"
+    assert of("testclient") == "testclient"
+
+
 async def test_a_notice_is_one_of_a_fixed_set(sqlite_url: str, make_settings: Any) -> None:
     """``?notice=`` names a fixed text, with values the dashboard could have given; any
     other text shows nothing (it was shown as given)."""
