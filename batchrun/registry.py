@@ -294,24 +294,29 @@ def _check(cls: type[Job], where: str) -> None:
 
 
 def _misspelled(cls: type[Job]) -> Iterator[tuple[str, str]]:
-    """The class's own attributes that look like a misspelled one of batchrun's
-    (``peroid``), which is then left at its default (a monthly job, say): each with the
-    name it is close to. A warning, not an error: a job's own constant may look alike."""
+    """The class's own settings that look like a misspelled one of batchrun's (``peroid``),
+    which is then left at its default (a monthly job, say): each with the setting it is
+    close to. Settings only (the class variables batchrun's bases declare), against the
+    job's own values, not its methods. A warning, not an error: a constant of the job's
+    may look alike."""
     known = sorted(
         {
             n
             for base in cls.__mro__
             if base.__module__.startswith("batchrun.")
-            for n in vars(base)
-            if not n.startswith("_")
+            for n in getattr(base, "__annotations__", {})
         }
     )
-    for name in vars(cls):
-        if name.startswith("_") or name in known:
+    for name, value in vars(cls).items():
+        if name.startswith("_") or name in known or callable(value) or _is_method(value):
             continue
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
         if close and close[0] not in vars(cls):
             yield name, close[0]
+
+
+def _is_method(value: object) -> bool:
+    return isinstance(value, classmethod | staticmethod | property)
 
 
 def _entry(cls: type[Job], source: str, where: str) -> JobEntry:

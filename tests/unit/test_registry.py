@@ -435,6 +435,13 @@ def test_a_misspelled_attribute_is_warned_about_not_ignored(
         periods = ("day", "week")
         peroid = "day"  # close to period, but period is there
 
+        async def prepared(self, ctx: Any) -> None:  # a method of its own, not prepare
+            pass
+
+        @property
+        def templated(self) -> str:
+            return "x"
+
     with caplog.at_level("WARNING", logger="batchrun.registry"):
         registry.check_job(Typo)
         registry.check_job(Own)
