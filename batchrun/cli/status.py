@@ -114,10 +114,7 @@ def status(
                 counts = await context.runtime(backends).status(name, which, problems=limit)
                 depth, dead = await backends.queue.depths()
                 data = _report(entry.job, str(which), counts, depth, dead, limit)
-                held = steering.paused(name, str(which))
-                if held is not None:  # only when paused: `batchrun pause`
-                    data["paused"] = True
-                    data["paused_reason"] = held.reason
+                data.update(steering.paused_keys(name, str(which)))  # while paused only
                 reports.append(data)
         if as_json:
             if len(reports) == 1:

@@ -99,10 +99,7 @@ async def task_status(context: Invocation, job: Task) -> dict[str, Any]:
         steering = Steering()
         await steering.refresh(backends.store.db)
     data: dict[str, Any] = {"job": job.name, **{k: counts[k] for k in STATUS_KEYS}}
-    held = steering.paused(job.name, None)
-    if held is not None:
-        data.update(paused=True, paused_reason=held.reason)
-    return data
+    return {**data, **steering.paused_keys(job.name, None)}
 
 
 @app.command(

@@ -127,6 +127,12 @@ class Steering:
                 return row
         return None
 
+    def paused_keys(self, job: str, period: str | None) -> dict[str, object]:
+        """``status``'s ``paused`` and ``paused_reason`` while ``job``'s ``period`` is
+        paused (``batchrun pause``); nothing otherwise."""
+        held = self.paused(job, period)
+        return {} if held is None else {"paused": True, "paused_reason": held.reason}
+
     def any_paused(self, scopes: Iterable[Scope]) -> bool:
         return any(self.paused(s.job, s.period) is not None for s in scopes)
 
