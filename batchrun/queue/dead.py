@@ -19,10 +19,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from batchrun.chunks import chunks
 from batchrun.db.clock import server_clock
 from batchrun.db.store import Store
 from batchrun.errors import QueueError
 from batchrun.queue.base import WorkQueue
+
+KEYS_A_STATEMENT = 500  # task keys one revive names
 
 Revive = Callable[[Sequence["DeadLetter"]], Awaitable[None]]
 
@@ -65,6 +68,12 @@ class DeadLetter:
     def kind(self) -> str | None:
         kind = self.fields.get("kind")
         return kind if isinstance(kind, str) else None
+
+    @property
+    def task_key(self) -> str | None:
+        """The key of the submitted task it names (an ``entity_task``), else None."""
+        key = self.fields.get("key")
+        return key if self.kind == "entity_task" and isinstance(key, str) and key else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -133,18 +142,26 @@ async def purge(queue: WorkQueue) -> int:
 
 async def revive_ledger(store: Store, letters: Sequence[DeadLetter]) -> int:
     """Failed-for-good ledger rows of the entities ``letters`` name -> retrying, with their
-    attempts from zero and a message on the queue; return how many rows changed."""
+    attempts from zero and a message on the queue; dead submitted tasks they name ->
+    pending, their attempts from zero (a worker found the task dead and dropped the
+    redriven message unworked). Return how many rows changed."""
     groups: dict[tuple[str, str], list[int]] = {}
+    tasks: dict[str, list[str]] = {}
     for letter in letters:
-        job, period, entity = letter.job, letter.period, letter.entity_id
-        if job is not None and period is not None and entity is not None:
+        job, period, entity, key = letter.job, letter.period, letter.entity_id, letter.task_key
+        if job is not None and key is not None:
+            tasks.setdefault(job, []).append(key)
+        elif job is not None and period is not None and entity is not None:
             groups.setdefault((job, period), []).append(entity)
     changed = 0
-    now = await server_clock(store.db).now_ms()
+    now = await server_clock(store.db).now_ms() if groups else 0
     for (job, period), ids in groups.items():
         changed += await store.db.execute(
             "ledger_revive", job=job, period=period, ids=sorted(set(ids)), now=now
         )
+    for job, keys in tasks.items():
+        for some in chunks(sorted(set(keys)), KEYS_A_STATEMENT):
+            changed += await store.db.execute("task_revive", job=job, keys=some)
     return changed
 
 

@@ -206,6 +206,16 @@ def test_a_retried_task_keeps_its_place_and_a_failed_one_is_dead(sqlite_url: str
     assert [r[1] for r in effects(sqlite_url)] == ["r1", "r1"]  # a retry, then success
     status = json.loads(run_cli("status", "flaky", "--json", env=env).stdout)
     assert (status["succeeded"], status["dead"], status["pending"]) == (1, 1, 0)
+    # Its cause fixed, its dead letter redriven: it runs again. The worker found the task
+    # dead and dropped the message unworked (the dead letter gone, the task never run).
+    query(sqlite_url, "UPDATE batchrun_entity_task SET data = '{}' WHERE task_key = 'f1'")
+    [letter] = json.loads(run_cli("dead", "list", "--json", env=env).stdout)
+    assert run_cli("dead", "redrive", "--id", letter["id"], env=env).returncode == 0
+    served = run_cli("worker", "--idle-exit", "2", "--json", env=env, timeout=120)
+    assert served.returncode == 0, served.stderr
+    assert [r[1] for r in effects(sqlite_url)] == ["r1", "r1", "f1", "f1"]
+    status = json.loads(run_cli("status", "flaky", "--json", env=env).stdout)
+    assert (status["succeeded"], status["dead"], status["pending"]) == (2, 0, 0)
 
 
 def test_a_paused_task_job_waits_then_runs(sqlite_url: str) -> None:

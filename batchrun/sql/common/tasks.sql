@@ -158,3 +158,10 @@ WHERE id IN :ids* AND state = :state AND finished_at = :now AND owner IS NULL;
 -- name: turn_release_many
 UPDATE batchrun_entity_turn SET owner = NULL, lease_until = 0
 WHERE job = :job AND entity_id IN :ids* AND owner = :me;
+
+-- name: task_revive
+-- Dead tasks whose dead letters are redriven: pending again, their attempts from zero,
+-- so the message put back runs them (each its entity's oldest unfinished task again).
+UPDATE batchrun_entity_task
+SET state = 0, attempts = 0, retry_at = NULL, owner = NULL, lease_until = NULL
+WHERE job = :job AND task_key IN :keys* AND state = 4;
