@@ -283,6 +283,9 @@ def _check(cls: type[Job], where: str) -> None:
             raise fail(f"sender {cls.sender!r} {problem}")
     if (problem := check_backends(cls.backends)) is not None:
         raise fail(problem)
+    serial = getattr(cls, "serial", "entity")  # a task job's (batchrun.Task)
+    if serial not in ("entity", "none"):  # "Entity" ran an entity's tasks all at once
+        raise fail(f"serial {serial!r} is not one of entity, none")
     for method in ("page", "process"):
         if getattr(cls, method) is getattr(Job, method):
             raise fail(f"does not define {method}()")

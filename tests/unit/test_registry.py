@@ -452,3 +452,19 @@ def test_a_misspelled_attribute_is_warned_about_not_ignored(
         "class test_a_misspelled_attribute_is_warned_about_not_ignored.<locals>.Typo: "
         "'once_pre' is nothing batchrun reads: did you mean 'once_per'?",
     ]
+
+
+def test_a_task_jobs_serial_is_entity_or_none() -> None:
+    """``serial = "Entity"`` ran an entity's tasks at once and in any order, unsaid."""
+
+    class Upload(batchrun.Task):
+        name = "upload"
+        serial = "Entity"  # type: ignore[assignment]
+
+        async def process(self, ctx: Any, task: Any) -> None:
+            pass
+
+    with pytest.raises(UsageError, match="serial 'Entity' is not one of entity, none"):
+        registry.check_job(Upload)
+    Upload.serial = "none"
+    registry.check_job(Upload)
