@@ -75,7 +75,10 @@ def test_a_message_for_an_unknown_job_stays_on_the_queue_uncounted() -> None:
 def test_a_paused_jobs_message_waits_a_lease() -> None:
     found: dict[str, Disposition] = {}
     assert consumer(paused={"birthday"})._read(received(retry_body()), found) is None
-    assert found["m1"] == Disposition("later", "paused", delay_s=LEASE_S, counted=False)
+    # No work for this worker: it holds no --idle-exit (awaited=False).
+    assert found["m1"] == Disposition(
+        "later", "paused", delay_s=LEASE_S, counted=False, awaited=False
+    )
 
 
 def test_a_message_whose_entity_was_not_worked_here() -> None:
