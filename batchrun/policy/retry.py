@@ -98,7 +98,7 @@ class RetryPolicy:
             return replace(
                 outcome,
                 state=State.FAILED,
-                reason=f"gave up after {attempts} attempts: {outcome.reason}",
+                reason=f"gave up after {attempts + 1} attempts: {outcome.reason}",
                 delay_s=None,
             )
         return replace(outcome, delay_s=self.delay_s(outcome.delay_s, attempts, at_once=at_once))

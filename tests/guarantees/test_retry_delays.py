@@ -323,7 +323,8 @@ async def test_a_jobs_attempts_decide_when_a_retry_gives_up(
     assert (drained.processed, drained.dead_lettered, drained.remaining) == (N, N, 0)
     assert job.tries == Counter(dict.fromkeys(range(1, N + 1), 2))
     reasons = await store.jobdb.fetch("SELECT last_error FROM batchrun_ledger WHERE job = 'never'")
-    assert {r["last_error"] for r in reasons} == {"gave up after 1 attempts: still down"}
+    # each tried twice (job.tries): it said "gave up after 1 attempts"
+    assert {r["last_error"] for r in reasons} == {"gave up after 2 attempts: still down"}
 
 
 async def test_one_attempt_dead_letters_a_runs_failure_at_once(

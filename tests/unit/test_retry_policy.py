@@ -62,7 +62,7 @@ def test_the_last_attempt_gives_up() -> None:
     assert policy.settle(RETRYING, 1, at_once=False).state is State.RETRYING
     final = policy.settle(RETRYING, 2, at_once=False)  # two finished before: this is the 3rd
     assert final.state is State.FAILED
-    assert final.reason == "gave up after 2 attempts: HTTP 503 from http://api/grants"
+    assert final.reason == "gave up after 3 attempts: HTTP 503 from http://api/grants"
 
 
 def test_one_attempt_never_retries_even_in_a_run() -> None:
