@@ -38,7 +38,9 @@ async def task_events(
     if current is not None and all(int(r[0]) != int(current[0]) for r in rows):
         rows.append(current)  # older than the newest told, and what the rest wait behind
     clock = await db.clock_ms()  # the server's, which the leases are on
-    events = [e for row in rows for e in _steps(row, now, clock)]
+    # Oldest first: the sort by time is stable, so tasks of one moment (submit_many's, in
+    # one millisecond) keep their submission order.
+    events = [e for row in sorted(rows, key=lambda r: int(r[0])) for e in _steps(row, now, clock)]
     if len(rows) >= MAX_TASKS:
         told = "the newest" + (" and the one whose turn it is" if len(rows) > MAX_TASKS else "")
         events.append(Event(now, "older tasks", f"not told: only {told} {MAX_TASKS}"))

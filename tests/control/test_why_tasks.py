@@ -139,3 +139,16 @@ async def test_the_task_whose_turn_it_is_is_told_however_many_wait_behind(store:
     assert (eligible, state) == (True, "failed")
     assert any(e.what == "task failed" and "key first" in e.detail for e in events)
     assert events[-1].what == "older tasks", events[-1]
+
+
+async def test_tasks_of_one_moment_are_told_in_their_submission_order(store: Any) -> None:
+    """Rows are read newest first; tasks submitted in one millisecond (submit_many's) were
+    told in reverse order, as the sort by time kept the read's."""
+    tasks = TaskStore(store.db)
+    for n in range(1, 6):
+        assert await tasks.submit("steps", 80, f"w80-{n}", "{}")
+    await store.db.execute_sql("UPDATE batchrun_entity_task SET created_at = 1000", ())
+    now = await store.db.clock_ms()
+    _, _, events = await task_events(store.db, "steps", 80, now)
+    submitted = [e.detail for e in events if e.what == "task submitted"]
+    assert submitted == [f"key w80-{n}" for n in range(1, 6)]
