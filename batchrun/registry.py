@@ -38,6 +38,7 @@ from batchrun.errors import UsageError
 from batchrun.job import NAME, Job
 from batchrun.mail.message import sender_problem
 from batchrun.period import UNITS
+from batchrun.task import is_task
 
 log = logging.getLogger(__name__)
 
@@ -111,10 +112,13 @@ class Registry(Mapping[str, JobEntry]):
         return self.entry(name).job
 
     def describe(self) -> list[dict[str, str]]:
-        """What ``batchrun jobs --json`` prints: one dict per job."""
+        """What ``batchrun jobs --json`` prints: one dict per job; ``kind`` is ``task`` for
+        a task job (``batchrun.Task``: its period and once_per are unused), else
+        ``period``."""
         return [
             {
                 "name": entry.job.name,
+                "kind": "task" if is_task(entry.job) else "period",
                 "period": entry.cls.period,
                 "once_per": entry.cls.once_unit(),
                 "description": entry.cls.description,

@@ -360,7 +360,12 @@ def jobs(ctx: typer.Context, as_json: Json = False) -> None:
         print_table(
             ("job", "period", "once per", "description", "source"),
             [
-                (j["name"], j["period"], j["once_per"], j["description"], j["source"])
+                (
+                    j["name"],
+                    *((j["period"], j["once_per"]) if j["kind"] == "period" else ("tasks", "-")),
+                    j["description"],
+                    j["source"],
+                )
                 for j in described
             ],
         )

@@ -515,6 +515,7 @@ def test_a_job_defined_in_a_file_runs_end_to_end(
     (listed,) = [j for j in cli_json("jobs", env=env) if j["name"] == "greet"]
     assert listed == {
         "name": "greet",
+        "kind": "period",
         "period": "day",
         "once_per": "day",
         "description": "Greet active users on their birthday",

@@ -126,6 +126,7 @@ def test_files_are_loaded_in_order_with_their_attributes(write: Callable[..., Pa
     assert found.describe() == [
         {
             "name": "renewal",
+            "kind": "period",
             "period": "day",
             "once_per": "day",
             "description": "Remind accounts a week before their plan renews",
@@ -133,6 +134,7 @@ def test_files_are_loaded_in_order_with_their_attributes(write: Callable[..., Pa
         },
         {
             "name": "credits",
+            "kind": "period",
             "period": "month",
             "once_per": "year",
             "description": "",
@@ -468,3 +470,6 @@ def test_a_task_jobs_serial_is_entity_or_none() -> None:
         registry.check_job(Upload)
     Upload.serial = "none"
     registry.check_job(Upload)
+    # `jobs` says which jobs take tasks (their period and once_per are unused)
+    entry = registry._entry(Upload, "here", "class Upload")
+    assert [j["kind"] for j in registry.Registry([entry]).describe()] == ["task"]
