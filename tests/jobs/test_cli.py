@@ -371,6 +371,9 @@ def test_happy_path_on_sqlite(env: dict[str, str], outbox: Path) -> None:
     assert counts["cards"] == sent
     assert counts["emails_sent"] == sent
     assert counts["succeeded"] == sent  # every job's key too, as operations.md lists it
+    table = invoke("status", "--month", "2025-03", env=env).stdout.splitlines()
+    rows = {line.split("  ")[0] for line in table}
+    assert "emails sent" in rows and "succeeded" not in rows, table  # the same count once
     assert counts["pending"] == 0
     assert counts["skipped"] == len(bad)
     assert counts["failed_permanent"] == 0
