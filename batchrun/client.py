@@ -22,7 +22,7 @@ from batchrun.db.base import Database
 from batchrun.db.base import connect as connect_db
 from batchrun.job import Job
 from batchrun.queue.base import WorkQueue, from_url
-from batchrun.registry import discover, parse_specs
+from batchrun.registry import builtin_modules, discover, parse_specs
 from batchrun.settings import Settings
 from batchrun.task import BadTask
 from batchrun.tasks.submit import Submitted, submit, submit_many, task_job
@@ -128,6 +128,9 @@ class Client:
             return self._db, self._queue
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        if self._loop.is_closed():
+            coro.close()  # never started: no "was never awaited" warning
+            raise RuntimeError("this batchrun client is closed: batchrun.connect() a new one")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def close(self) -> None:
@@ -162,7 +165,8 @@ def connect(
 ) -> Client:
     """A client for the database ``db``, the queue ``queue`` and the jobs ``jobs`` (module
     names or ``.py`` paths, comma-separated); each defaults to the environment's
-    ``BATCHRUN_DB`` / ``BATCHRUN_RETRY_QUEUE`` / ``BATCHRUN_JOBS``. Connects on first use."""
+    ``BATCHRUN_DB`` / ``BATCHRUN_RETRY_QUEUE`` / ``BATCHRUN_JOBS``; the built-in jobs are
+    those ``BATCHRUN_BUILTIN_JOBS`` names, as for the CLI. Connects on first use."""
     environ = dict(os.environ if env is None else env)
     if db is not None:
         environ["BATCHRUN_DB"] = db
@@ -171,5 +175,5 @@ def connect(
     if jobs is not None:
         environ["BATCHRUN_JOBS"] = jobs
     settings = Settings.from_env(environ)
-    registry = discover(parse_specs(settings.jobs))
+    registry = discover(parse_specs(settings.jobs), builtins=builtin_modules(settings.builtin_jobs))
     return Client(settings, {name: registry.get_job(name) for name in registry})

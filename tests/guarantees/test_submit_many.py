@@ -322,3 +322,21 @@ def test_the_cli_submits_a_file_of_tasks_and_refuses_a_bad_line_first(
     for entity, _key, seq, _start, _end in sorted(ran, key=lambda r: r[3]):
         order[int(entity)].append(int(seq))
     assert order[1] == order[2] == order[3] == [0, 1, 2, 3], dict(order)
+
+
+def test_a_closed_client_says_so_and_builtin_jobs_are_the_clis(tmp_path: Path) -> None:
+    db_url = f"sqlite:///{tmp_path / 'app.db'}"
+    migrate_task_jobs(db_url)
+    client = batchrun.connect(db=db_url, jobs=JOBS, env={})
+    assert "birthday" in client.jobs  # the built-in jobs, unless BATCHRUN_BUILTIN_JOBS says
+    client.close()
+    with pytest.raises(RuntimeError, match=r"client is closed: batchrun\.connect"):
+        client.submit("steps", 1, data={"seq": 0})
+    with pytest.raises(RuntimeError, match="client is closed"):
+        client.submit_many("steps", [(1, {"seq": 1})])
+    client.close()  # twice is fine
+    none = batchrun.connect(db=db_url, jobs=JOBS, env={"BATCHRUN_BUILTIN_JOBS": ""})
+    try:
+        assert "birthday" not in none.jobs and "steps" in none.jobs
+    finally:
+        none.close()
