@@ -28,7 +28,12 @@ KEY = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
 
 
 class BadTask(ValueError):
-    """A submission refused before anything is queued; its message is the one line."""
+    """A submission refused before anything is queued; its message is the one line.
+    ``key``: the task key it is about, when one is to blame."""
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,20 @@ FIELDS = ("entity_id", "data", "key")
 Submission = tuple[int, Any, str | None]  # (entity id, data, key), as submit_many takes them
 
 
+class TaskFile(list[Submission]):
+    """The tasks of a ``--file``, with where each key is: ``where(key)``."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.key_line: dict[str, int] = {}
+
+    def where(self, key: str | None) -> str | None:
+        """``--file NAME line N`` of the line that gives ``key``, if one does."""
+        line = self.key_line.get(key) if key is not None else None
+        return None if line is None else f"--file {self.name} line {line}"
+
+
 def from_options(ids: list[int], data: str | None, key: str | None) -> list[Submission]:
     """One task per ``--id``, all with the same ``--data``; ``--key`` names one task."""
     if key is not None and len(ids) > 1:
@@ -39,7 +53,7 @@ def from_options(ids: list[int], data: str | None, key: str | None) -> list[Subm
     return tasks
 
 
-def from_file(name: str) -> list[Submission]:
+def from_file(name: str) -> TaskFile:
     """The tasks of a JSON Lines file (``-``: standard input), one object a line:
     ``{"entity_id": 7, "data": {...}, "key": "..."}``, ``data`` and ``key`` optional,
     blank lines skipped, a byte order mark and CRLF line ends allowed. A bad line, or a
@@ -56,8 +70,8 @@ def from_file(name: str) -> list[Submission]:
         raise UsageError(f"--file {name}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
         raise UsageError(f"--file {name}: not UTF-8 text (byte {exc.start})") from None
-    tasks: list[Submission] = []
-    key_line: dict[str, int] = {}
+    tasks = TaskFile(name)
+    key_line = tasks.key_line
     # Lines end at LF alone: U+2028 and the like may stand unescaped in a JSON string.
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():

@@ -11,7 +11,7 @@ import typer
 
 from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, stderr
-from batchrun.cli.task_file import Submission, from_file, from_options
+from batchrun.cli.task_file import Submission, TaskFile, from_file, from_options
 from batchrun.control.steering import Steering
 from batchrun.db.store import MAX_ID
 from batchrun.errors import UsageError
@@ -66,7 +66,9 @@ async def submit_task(
                 on_sent=show,
             )
     except BadTask as exc:
-        raise UsageError(str(exc)) from None
+        # A key another entity has: say the line of the file that gives it.
+        where = tasks.where(exc.key) if isinstance(tasks, TaskFile) else None
+        raise UsageError(f"{where}: {exc}" if where else str(exc)) from None
     if as_json:
         return 0
     resent = [d for d in done if d.resent]

@@ -122,14 +122,16 @@ async def _refuse_other_entities(
     entity_of: dict[str, int] = {}
     for entity, _, key in items:
         if entity_of.setdefault(key, entity) != entity:
-            raise BadTask(f"task key {key!r} is given for entities {entity_of[key]} and {entity}")
+            raise BadTask(
+                f"task key {key!r} is given for entities {entity_of[key]} and {entity}", key=key
+            )
     keys = list(entity_of)
     known: dict[str, Submission] = {}
     for some in chunks(keys, KEYS_A_LOOKUP):
         found = await store.submitted_many(job, some)
         for key, row in found.items():
             if row.entity_id != entity_of[key]:
-                raise BadTask(f"task key {key!r} was submitted for entity {row.entity_id}")
+                raise BadTask(f"task key {key!r} was submitted for entity {row.entity_id}", key=key)
         known.update(found)
     return known
 

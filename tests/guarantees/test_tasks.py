@@ -138,6 +138,11 @@ def test_the_cli_reads_tasks_from_standard_input_and_names_a_bad_line(sqlite_url
     empty = submit("\n", "--file", "-")
     assert empty.returncode == 0 and empty.stdout == "", empty.stderr
     assert "no tasks given: nothing queued" in empty.stderr
+    # s1 went for entity 1: a file that gives it for entity 3 is told on which line.
+    clash = submit('{"entity_id": 4}\n\n{"entity_id": 3, "key": "s1"}\n', "--file", "-")
+    assert clash.returncode == 2 and clash.stdout == "", clash.stderr
+    assert "--file - line 3: task key 's1' was submitted for entity 1" in clash.stderr
+    assert query(sqlite_url, "SELECT COUNT(*) FROM batchrun_queue")[0][0] == 2
 
 
 def test_a_reader_that_goes_away_does_not_stop_a_submission(sqlite_url: str) -> None:
