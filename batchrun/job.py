@@ -250,6 +250,15 @@ class Context:
         self._effects.count(name, n)
 
 
+def returned_note(job: str, value: object) -> str:
+    """What to say of a ``process`` that returned a value (``return False`` reads as a
+    failure to its author; to batchrun, which reads no return value, it is a success)."""
+    return (
+        f"job {job!r}: process() returned {value!r:.40}, which batchrun ignores: the entity "
+        "counts as done; raise batchrun.Skip, Retry or Fail to say otherwise"
+    )
+
+
 class Job:
     """A batch job: subclass it, set ``name``, write ``page`` and ``process``.
 

@@ -38,6 +38,7 @@ from batchrun.errors import UsageError
 from batchrun.job import NAME, Job
 from batchrun.mail.message import sender_problem
 from batchrun.period import UNITS
+from batchrun.pipeline.reports import SUMMARY_KEYS
 from batchrun.task import is_task
 
 log = logging.getLogger(__name__)
@@ -264,6 +265,19 @@ def check_job(cls: type[Job]) -> None:
     _check(cls, f"class {cls.__qualname__}")
 
 
+def _counters_problem(counters: object) -> str | None:
+    """What is wrong with a job's ``counters``, if anything: not a sequence of names
+    (``"pings"`` would count p, i, n, g and s), or a name the run's summary has."""
+    if isinstance(counters, str) or not isinstance(counters, tuple | list):
+        return f"counters {counters!r} is not a tuple of names, e.g. ('cards_created',)"
+    for name in counters:
+        if not isinstance(name, str) or not name:
+            return f"counters: {name!r} is not a name"
+        if name in SUMMARY_KEYS:
+            return f"counters: {name!r} is a key of the run's summary: name the counter otherwise"
+    return None
+
+
 def _check(cls: type[Job], where: str) -> None:
     def fail(problem: str) -> UsageError:
         return UsageError(_one_line(f"{where}: {problem}"))
@@ -286,6 +300,8 @@ def _check(cls: type[Job], where: str) -> None:
         if (problem := sender_problem(cls.sender)) is not None:
             raise fail(f"sender {cls.sender!r} {problem}")
     if (problem := check_backends(cls.backends)) is not None:
+        raise fail(problem)
+    if (problem := _counters_problem(cls.counters)) is not None:
         raise fail(problem)
     serial = getattr(cls, "serial", "entity")  # a task job's (batchrun.Task)
     if serial not in ("entity", "none"):  # "Entity" ran an entity's tasks all at once

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from batchrun.db.store import State
@@ -79,6 +79,12 @@ class Summary(_Report):
         return 3 if self.continuation and mail_down(self.stopped) else 0
 
     def count(self, name: str, n: int) -> None:
+        if name not in self.counters and name in SUMMARY_KEYS:
+            # It would overwrite the run's own count in the JSON scripts read.
+            raise ValueError(
+                f"ctx.count({name!r}): {name!r} is a key of the run's summary: "
+                "count under a name of the job's own (declared in Job.counters)"
+            )
         self.counters[name] = self.counters.get(name, 0) + n
 
     def failed_for(self, reason: str, n: int = 1) -> None:
@@ -116,6 +122,10 @@ class Summary(_Report):
             del data["backends"]
         data.update(counters)
         return data
+
+
+# The keys of a run's JSON summary, which a job's counter may not take.
+SUMMARY_KEYS = frozenset(f.name for f in fields(Summary)) - {"counters", "failure_reasons"}
 
 
 @dataclass

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 
 from batchrun.errors import ConfigError, ThrottledError
-from batchrun.job import Busy, Context, Job
+from batchrun.job import Busy, Context, Job, returned_note
 from batchrun.pipeline.apply import Applier
 from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.item import Item
@@ -65,6 +65,7 @@ class EntityWorker:
         self.on_done = on_done  # told when an item leaves the worker, worked or not
         # How long an entity waits for a busy backend (None: until it is free, a run's).
         self.busy_wait_s = busy_wait_s
+        self._told_returned = False  # process() returned a value: said once
         self.unstarted: list[Item] = []  # not attempted (stopped, breaker open): the caller's
         self.lost: list[Item] = []
 
@@ -117,8 +118,12 @@ class EntityWorker:
                     ctx = self.ctx.entity(item.id)
                     if item.key is not None:
                         ctx.key = item.key  # a submitted task's own idempotency key
-                    await self.job.process(ctx, item.argument)
+                    # Typed None; a job's own may return a value all the same.
+                    returned = await self.job.process(ctx, item.argument)  # type: ignore[func-returns-value]
                     ctx.check_awaited()
+                    if returned is not None and not self._told_returned:
+                        self._told_returned = True
+                        log.warning("%s", returned_note(self.job.name, returned))
                 except Busy as exc:
                     # Not an attempt: wait and go again while the patience lasts.
                     if await patience.sleep(patience.backoff_s(exc.delay_s)):

@@ -12,6 +12,7 @@ set other values). A delay the job asks for (``Retry(delay_s)``, ``Retry-After``
 from __future__ import annotations
 
 import datetime as dt
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -20,7 +21,7 @@ from typing import Any, Self
 from batchrun.db import Store, connect
 from batchrun.db.base import Database
 from batchrun.db.store import Reason, Scope, State
-from batchrun.job import Context, Job
+from batchrun.job import Context, Job, returned_note
 from batchrun.period import Period, containing, current, parse
 from batchrun.queue.base import WorkQueue
 from batchrun.queue.base import from_url as queue_from_url
@@ -262,8 +263,10 @@ class AsyncHarness:
         runtime = self._runtime()
         async with runtime.effects.backends.session():  # ctx.http's clients, closed after
             entity = self._context(period, runtime).entity(row["id"])
-            await self.job.process(entity, row)
+            returned = await self.job.process(entity, row)  # type: ignore[func-returns-value]
             entity.check_awaited()  # a send_email without await: NotAwaitedError
+        if returned is not None:  # `return False` is no failure: the author's test says so
+            warnings.warn(returned_note(self.job.name, returned), UserWarning, stacklevel=2)
 
     def _context(self, period: PeriodLike, runtime: Runtime | None = None) -> Context:
         runtime = runtime or self._runtime()

@@ -5,6 +5,7 @@ answers what it is told. Every assertion here is one a job author's test would m
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -229,6 +230,27 @@ def test_a_send_email_without_await_fails_the_authors_test() -> None:
         with pytest.raises(NotAwaitedError, match="without await: it never ran"):
             h.process({"id": 1, "contact_email": "ann@example.com", "name": "Ann"}, "2025-06")
         assert h.emails == []
+
+
+def test_a_process_that_returns_false_is_told_it_succeeded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``return False`` reads as a failure to its author; batchrun reads no return value,
+    so it is a success: the kit warns, a run says so once."""
+
+    class Returning(Newsletter):
+        async def process(self, ctx: batchrun.Context, row: dict[str, Any]) -> Any:
+            await super().process(ctx, row)
+            return False
+
+    with Harness(Returning, schema=SCHEMA) as h:
+        members(h)
+        with pytest.warns(UserWarning, match=r"process\(\) returned False, which batchrun"):
+            h.process({"id": 1, "contact_email": "ann@example.com", "name": "Ann"}, "2025-06")
+        with caplog.at_level(logging.WARNING, logger="batchrun"):
+            summary = h.run("2025-06")
+        told = [r for r in caplog.records if "returned False" in r.getMessage()]
+        assert summary.succeeded >= 2 and len(told) == 1, (summary, told)
 
 
 def test_sends_run_as_tasks_and_in_a_task_group_as_they_ran_as_coroutines() -> None:

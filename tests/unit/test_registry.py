@@ -14,6 +14,7 @@ import pytest
 import batchrun
 from batchrun import registry
 from batchrun.errors import UsageError
+from batchrun.pipeline.reports import Summary
 from batchrun.registry import discover, parse_specs
 
 RENEWAL = """
@@ -473,3 +474,40 @@ def test_a_task_jobs_serial_is_entity_or_none() -> None:
     # `jobs` says which jobs take tasks (their period and once_per are unused)
     entry = registry._entry(Upload, "here", "class Upload")
     assert [j["kind"] for j in registry.Registry([entry]).describe()] == ["task"]
+
+
+def test_a_jobs_counters_are_names_of_its_own() -> None:
+    """``counters = ("failed",)`` overwrote the run's own failed count in the JSON;
+    ``counters = "pings"`` counted p, i, n, g and s."""
+
+    class Counting(batchrun.Job):
+        name = "counting"
+        counters = ("pings", "failed")
+
+        async def page(self, ctx: Any, after: int, limit: int) -> list[dict[str, Any]]:
+            return []
+
+        async def process(self, ctx: Any, row: dict[str, Any]) -> None:
+            pass
+
+    with pytest.raises(UsageError, match="'failed' is a key of the run's summary"):
+        registry.check_job(Counting)
+    Counting.counters = "pings"  # type: ignore[assignment]
+    with pytest.raises(UsageError, match="counters 'pings' is not a tuple of names"):
+        registry.check_job(Counting)
+    Counting.counters = ("pings", "")
+    with pytest.raises(UsageError, match="counters: '' is not a name"):
+        registry.check_job(Counting)
+    Counting.counters = ("pings", "cards")
+    registry.check_job(Counting)
+
+
+def test_a_counter_the_job_did_not_declare_may_not_take_a_summary_key() -> None:
+    summary = Summary(job="counting", period="2025-06", dry_run=False, counters={"pings": 0})
+    summary.count("pings", 2)
+    summary.count("extra", 1)  # undeclared: shown in this run's JSON
+    for key in ("failed", "eligible", "job", "month"):
+        with pytest.raises(ValueError, match=f"ctx.count\\('{key}'\\): '{key}' is a key"):
+            summary.count(key, 5)
+    data = summary.to_json()
+    assert (data["failed"], data["eligible"], data["pings"], data["extra"]) == (0, 0, 2, 1)
