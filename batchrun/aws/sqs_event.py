@@ -13,7 +13,7 @@ from typing import Any
 from batchrun.aws.invocation import make_runtime, summary_metrics
 from batchrun.control.runrecord import RunRecord
 from batchrun.db.store import State
-from batchrun.errors import UsageError
+from batchrun.errors import MailUnreachableError, UsageError
 from batchrun.events import ses as mail_events
 from batchrun.pipeline.apply import Disposition, settle_messages
 from batchrun.pipeline.engine import StopToken
@@ -72,8 +72,16 @@ async def handle_sqs(
         assert backends.queue is not None
         runtime = make_runtime(registry, backends, settings, stop)
         async with RunRecord(runtime, kind="lambda") as record:
-            await runtime.requeue_unqueued()
-            dispositions = await runtime.process(items, options)
+            try:
+                await runtime.requeue_unqueued()  # checks the mail server first, as process
+                dispositions = await runtime.process(items, options)
+            except MailUnreachableError as exc:
+                # An outage, as a worker waits one out: every record waits on the queue,
+                # kept (a fresh copy near the redrive limit), so none is dead-lettered
+                # by receives that were no attempt.
+                log.error("%s: the batch's %d messages wait on the queue", exc, len(items))
+                dispositions = _kept(items, str(exc), settings.lease_s)
+                metrics["MailDown"] = 1
             failed = sum(1 for v in dispositions.values() if v.action != "delete")
             await record.end(3 if failed else 0, {"messages": len(items), "failed": failed})
         for item in items:
@@ -93,6 +101,16 @@ async def handle_sqs(
             await runtime.resend_lost_tasks(backends.queue, in_flight=len(items))
     metrics["Failures"] = len(failures)
     return {"batchItemFailures": failures}, metrics
+
+
+def _kept(items: list[Received], reason: str, delay_s: float) -> dict[str, Disposition]:
+    """Each record left on the queue for ``delay_s``, no receive counted against it."""
+    return {
+        item.message_id: Disposition(
+            "later", reason, delay_s=delay_s, counted=False, keep=True, awaited=False
+        )
+        for item in items
+    }
 
 
 def _records(records: list[Any]) -> list[Mapping[str, Any]]:

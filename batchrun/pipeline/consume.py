@@ -163,15 +163,16 @@ class Consumer:
             return None
         period = None if message.kind == "entity_task" else message.period
         if self.w.steering.paused(message.job, period) is not None:
-            # `batchrun pause`: no new work on the job; the message waits on the queue (a
-            # task's is kept: no attempt, however long the pause). Nothing this worker
-            # can do: it holds no --idle-exit (a paused job's task held it for good).
+            # `batchrun pause`: no new work on the job; the message waits on the queue,
+            # kept, whatever its kind: no attempt, and no receive an SQS redrive policy
+            # would dead-letter it for, however long the pause. Nothing this worker can
+            # do: it holds no --idle-exit (a paused job's task held it for good).
             found[item.message_id] = Disposition(
                 "later",
                 PAUSED,
                 delay_s=self.w.settings.lease_s,
                 counted=False,
-                keep=message.kind == "entity_task",
+                keep=True,
                 awaited=False,
             )
             return None

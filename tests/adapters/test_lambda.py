@@ -187,6 +187,55 @@ def test_a_mail_server_down_at_the_schedule_hands_the_month_to_the_queue(
     assert_one_card_and_one_email_each(mysql_url, smtp_server, want)
 
 
+def test_sqs_invocations_while_the_mail_server_is_down_dead_letter_nothing(
+    mysql_url: str,
+    smtp_server: SmtpTestServer,
+    environ: dict[str, str],
+    sqs: Any,
+    queue_url: str,
+) -> None:
+    """Each invocation failed the whole batch while the mail server was down: after the
+    redrive policy's five receives the continuation waiting for it was dead-lettered,
+    and the month with it. Now every record is kept, as a worker waits an outage out."""
+    want = prepare(mysql_url, 600, seed=36)
+    down = environ | {"BATCHRUN_MAIL": f"smtp://127.0.0.1:{free_port()}", "BATCHRUN_LEASE_S": "1"}
+    handed = aws_lambda.handle(load_event("schedule.json"), FakeContext(60), environ=down)
+    assert handed["continuation"] is True
+    seen = 0
+    for _ in range(7):  # more receives than the redrive policy's 5, mail down all along
+        got = sqs.receive_message(
+            QueueUrl=queue_url,
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=2,
+            MessageSystemAttributeNames=["ApproximateReceiveCount"],
+        ).get("Messages", [])
+        if not got:
+            continue
+        seen += 1
+        event = {
+            "Records": [
+                {
+                    "messageId": m["MessageId"],
+                    "receiptHandle": m["ReceiptHandle"],
+                    "body": m["Body"],
+                    "attributes": m.get("Attributes", {}),
+                    "eventSource": "aws:sqs",
+                }
+                for m in got
+            ]
+        }
+        result = aws_lambda.handle(event, FakeContext(30), environ=down)
+        # Every record a failure: the event source mapping deletes none of them.
+        assert len(result["batchItemFailures"]) == len(got), result
+    assert seen >= 6, "each lease the kept continuation came back"
+    dlq = sqs.get_queue_url(QueueName="batchrun-dlq")["QueueUrl"]
+    attrs = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["ApproximateNumberOfMessages"])
+    assert attrs["Attributes"]["ApproximateNumberOfMessages"] == "0", "nothing dead-lettered"
+    time.sleep(1.2)  # the last keep's delay
+    drain_as_sqs_events(sqs, queue_url, environ, seconds=60)  # the mail server is back
+    assert_one_card_and_one_email_each(mysql_url, smtp_server, want)
+
+
 def test_a_poison_record_is_dead_lettered_at_once_and_alone(
     mysql_url: str,
     smtp_server: SmtpTestServer,
