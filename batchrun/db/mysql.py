@@ -37,6 +37,10 @@ _LOST = {2006, 2013, 2055}
 # Deadlock, lock wait timeout: InnoDB rolled the statement back (autocommit, and
 # innodb_rollback_on_timeout or not, a timed-out statement is undone), so it goes again.
 _CONFLICT = {1213, _LOCK_WAIT_TIMEOUT}
+# The server's statement time limit (MariaDB's max_statement_time, MySQL's
+# max_execution_time), when shorter than the lock wait: the statement was undone as well.
+# batchrun's own goes again as for a conflict; a job's is its error.
+_TIMED_OUT = {1969, 3024}
 # A batchrun statement waits at most this long for a row lock, then goes again (three tries
 # in all): well under the 15 s lease, so a heartbeat or outcome write held up by another
 # session's lock fails in time for the run to notice (the fence in pipeline/lease.py),
@@ -193,7 +197,9 @@ class MySQLDatabase(ServerDatabase):
                     conn.close()
                     lost = await self._after_lost(exc, lost, rerun=rerun)
                     continue
-                if code in _CONFLICT and conflicts < CONFLICT_TRIES:
+                if (code in _CONFLICT or (rerun and code in _TIMED_OUT)) and (
+                    conflicts < CONFLICT_TRIES
+                ):
                     # The heartbeat and the outcome writes lock the same ledger rows in
                     # different index orders; InnoDB breaks the rare cycle by rolling one
                     # statement back, and that statement simply goes again.
@@ -222,7 +228,7 @@ class MySQLDatabase(ServerDatabase):
                 f"database {self.url} is missing batchrun's tables ({text}): "
                 "run `batchrun db migrate`"
             )
-        if _code(exc) in _CONFLICT:
+        if _code(exc) in _CONFLICT or (own and _code(exc) in _TIMED_OUT):
             return LockTimeoutError(f"database {self.url}: {text}")
         if _code(exc) in _NOT_ONLINE:
             return NotOnlineError(text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import re
@@ -35,6 +36,11 @@ _LOCK_NOT_AVAILABLE = "55P03"
 # Deadlock, serialization failure, lock_timeout: the server rolled the statement back, so
 # it goes again.
 _CONFLICT = {"40P01", "40001", _LOCK_NOT_AVAILABLE}
+# A statement_timeout (or a cancel) of the database's own setting, shorter than the lock
+# wait: rolled back as well. batchrun's own statement goes again as for a conflict (an
+# outcome write given up would leave emails sent and not recorded); a job's is its error.
+_CANCELED = "57014"
+STEP_TRIES = 3  # a migration step that rebuilds an index, on a lock wait: in all
 # A lost connection (a terminated backend, a dropped socket, asyncpg's protocol left in a
 # state it cannot leave): batchrun's own statement goes again on a fresh connection, as on
 # MySQL; a job's statement never does (db/server.py).
@@ -146,7 +152,13 @@ class PostgreSQLDatabase(ServerDatabase):
         raise AssertionError("unreachable")
 
     async def _run(
-        self, sql: str, args: tuple[Any, ...], *, fetch: bool, rerun: bool = True
+        self,
+        sql: str,
+        args: tuple[Any, ...],
+        *,
+        fetch: bool,
+        rerun: bool = True,
+        conflict_tries: int = CONFLICT_TRIES,
     ) -> tuple[int, list[Row], list[str], bool]:
         lost = conflicts = 0
         while True:
@@ -173,7 +185,9 @@ class PostgreSQLDatabase(ServerDatabase):
                     _discard(conn)
                     lost = await self._after_lost(exc, lost, rerun=rerun)
                     continue
-                if code in _CONFLICT and conflicts < CONFLICT_TRIES:
+                if (code in _CONFLICT or (rerun and code == _CANCELED)) and (
+                    conflicts < conflict_tries
+                ):
                     conflicts = await self._after_conflict(conflicts)
                     continue
                 raise self._convert(exc, own=rerun) from exc
@@ -202,7 +216,7 @@ class PostgreSQLDatabase(ServerDatabase):
                 f"database {self.url} is missing batchrun's tables ({text}): "
                 "run `batchrun db migrate`"
             )
-        if exc.sqlstate in _CONFLICT:
+        if exc.sqlstate in _CONFLICT or (own and exc.sqlstate == _CANCELED):
             return LockTimeoutError(f"database {self.url}: {text}")
         return DatabaseError(f"database {self.url}: {text}")
 
@@ -233,14 +247,26 @@ class PostgreSQLDatabase(ServerDatabase):
         would still refuse duplicates.
         """
         parts = [p for p in _STATEMENT_END.split(statement.text + "\n") if p.strip()]
-        for i, part in enumerate(parts):
+        rebuilds = _DROP_INDEX.match(parts[0]) is not None
+        for attempt in range(1, STEP_TRIES + 1):
             try:
-                await self._run(part, (), fetch=False)
-            except DatabaseError:
-                if i > 0 and _DROP_INDEX.match(parts[0]):
-                    with contextlib.suppress(DatabaseError):
-                        await self._run(parts[0], (), fetch=False)
-                raise
+                for i, part in enumerate(parts):
+                    try:
+                        # A concurrent build never again on its own: one that waited out
+                        # its lock leaves an INVALID index, which IF NOT EXISTS takes as built.
+                        tries = 0 if "CONCURRENTLY" in part.upper() else CONFLICT_TRIES
+                        await self._run(part, (), fetch=False, conflict_tries=tries)
+                    except DatabaseError:
+                        if i > 0 and rebuilds:
+                            with contextlib.suppress(DatabaseError):
+                                await self._run(parts[0], (), fetch=False)
+                        raise
+                return
+            except LockTimeoutError:
+                if not rebuilds or attempt == STEP_TRIES:
+                    raise
+                # The whole step again (the INVALID index dropped first), after a pause.
+                await asyncio.sleep(0.5 * attempt)
 
     async def estimate_rows(self, table: str) -> int | None:
         """The planner's estimate (pg_class.reltuples): no table scan; None before the

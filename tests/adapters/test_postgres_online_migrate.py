@@ -299,3 +299,39 @@ async def test_ctx_db_binds_text_dates_and_expands_lists(postgres_url: str) -> N
         assert await db.execute('UPDATE "user" SET status = 0 WHERE id IN :ids', ids=[1, 2]) == 2
     finally:
         await database.close()
+
+
+async def test_a_concurrent_build_that_waits_out_its_lock_is_built_again_valid(
+    postgres_url: str,
+) -> None:
+    """A transaction of the application's, open through the build's lock wait (2 s): the
+    build's retry took the INVALID index it left for a built one (CREATE INDEX
+    CONCURRENTLY IF NOT EXISTS only notes one of the name), and `db migrate` said done."""
+    _app_database(postgres_url, 100)
+    holding = threading.Event()
+
+    def hold() -> None:
+        with pg_connect(postgres_url) as conn:
+            conn.execute("BEGIN")
+            conn.execute('UPDATE "user" SET status = status WHERE id = 1')
+            holding.set()
+            time.sleep(3.5)
+            conn.execute("COMMIT")
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    database = await connect(postgres_url)
+    try:
+        applied = await Store(database).migrate([Birthday()])
+    finally:
+        await database.close()
+        holder.join()
+    assert "birthday.migrate_0004_user_birth_month_index" in applied
+    invalid = query(
+        postgres_url,
+        "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE NOT i.indisvalid",
+    )
+    assert invalid == [], invalid
+    assert [bool(r[0]) for r in _index(postgres_url)] == [True]

@@ -176,6 +176,57 @@ def test_a_sqlite_write_lock_held_past_the_busy_timeout_does_not_end_the_run(
         assert_one_card_each(sqlite_url, want)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_statement_timeout_shorter_than_the_lock_wait_does_not_end_the_run(
+    server_url: str, smtp_server: SmtpTestServer
+) -> None:
+    """The database's statement time limit (1 s: PostgreSQL's statement_timeout, a MariaDB
+    user's MAX_STATEMENT_TIME) cancels batchrun's outcome write before its own 2 s lock
+    wait would: that ended the run (exit 1) with emails accepted and not recorded, which
+    a rerun sent again. It goes again, as a lock wait does."""
+    env = cli_env(server_url, smtp_server.url, BATCHRUN_LEASE_S="15")
+    seeded(server_url, env, 3000)
+    parts = urlsplit(server_url)
+    database = parts.path.lstrip("/")
+    user = ""
+    if server_url.startswith("postgres"):
+        with pg_connect() as admin:
+            admin.execute(f"ALTER DATABASE \"{database}\" SET statement_timeout = '1s'")
+    else:
+        user = f"brt_{database[-12:]}"
+        with mysql_connect(server_url) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE USER '{user}'@'%' WITH MAX_STATEMENT_TIME 1")
+            cur.execute(f"GRANT ALL ON `{database}`.* TO '{user}'@'%'")
+        env = env | {"BATCHRUN_DB": f"mysql://{user}@{parts.hostname}:{parts.port}/{database}"}
+    want = want_ids(server_url)
+    smtp_server.set_latency(0.05)
+    run = spawn(
+        "birthday", "--month", "2025-06", "--concurrency", str(CONCURRENCY), "--json",
+        env=env, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert wait_until(lambda: len(smtp_server.messages) >= 20, timeout=30, step=0.01)
+        hold_row(server_url, 2 * CONCURRENCY, 6.0)
+        code, data, err = finished(run)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert code in (0, 3) and "error" not in data, f"exit {code}: {err}"
+    try:
+        rerun = run_cli("birthday", "--month", "2025-06", "--json", env=env, timeout=120)
+    finally:
+        if user:
+            with mysql_connect(server_url) as conn, conn.cursor() as cur:
+                cur.execute(f"DROP USER '{user}'@'%'")
+    assert rerun.returncode in (0, 3), rerun.stderr
+    per_user = smtp_server.sends_per_user(2025)
+    assert max(per_user.values()) == 1, "no email sent twice"
+    assert set(per_user) <= want
+    assert_one_card_each(server_url, set(per_user))
+
+
 def terminate_backends(
     database: str, stop: threading.Event, every_s: float, killed: list[int]
 ) -> None:
