@@ -208,8 +208,8 @@ class Store(Schema, SuppressionList):
             # updated_at only (no lease is compared with it), on the claims' clock
             "now": await server_clock(self.db).now_ms(),
         }
-        changed, reran = await _patiently(
-            "finish", lambda: self.db.execute_reran("finish", **params)
+        changed, reran = await patiently(
+            "ledger finish", lambda: self.db.execute_reran("finish", **params)
         )
         if reran and changed < len(ids):
             # The first try's reply was lost: it may have finished some rows itself, and
@@ -230,8 +230,8 @@ class Store(Schema, SuppressionList):
         if not ids:
             return 0
         now = await server_clock(self.db).now_ms()
-        return await _patiently(
-            "release",
+        return await patiently(
+            "ledger release",
             lambda: self.db.execute(
                 "release", job=scope.job, once=scope.once, ids=list(ids), me=me, now=now
             ),
@@ -262,8 +262,8 @@ class Store(Schema, SuppressionList):
     async def mark_queued(self, scope: Scope, ids: Sequence[int]) -> None:
         """Note that ``ids`` now have a retry message on the queue."""
         if ids:
-            await _patiently(
-                "mark_queued",
+            await patiently(
+                "ledger mark_queued",
                 lambda: self.db.execute(
                     "mark_queued", job=scope.job, once=scope.once, ids=list(ids)
                 ),
@@ -302,9 +302,10 @@ class Store(Schema, SuppressionList):
         )
 
 
-async def _patiently(what: str, write: Callable[[], Awaitable[_T]]) -> _T:
+async def patiently(what: str, write: Callable[[], Awaitable[_T]]) -> _T:
     """``write()``, again with backoff while it fails on a lock another session holds (a
-    lock wait, deadlock or serialization failure), for up to ``LOCK_PATIENCE_S``."""
+    lock wait, deadlock or serialization failure: the statement was undone), for up to
+    ``LOCK_PATIENCE_S``. ``what`` names it in the one warning ("ledger finish")."""
     started = time.monotonic()
     tries = 0
     while True:
@@ -315,5 +316,5 @@ async def _patiently(what: str, write: Callable[[], Awaitable[_T]]) -> _T:
             if time.monotonic() - started >= LOCK_PATIENCE_S:
                 raise
             if tries == 1:
-                log.warning("ledger %s waits for a lock another session holds: %s", what, exc)
+                log.warning("%s waits for a lock another session holds: %s", what, exc)
             await asyncio.sleep(min(5.0, 0.1 * 2**tries) * random.uniform(0.5, 1.0))

@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import random
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from batchrun.db.base import Database
-from batchrun.db.store import FINAL_STATES, MAX_ID, Claim, Scope, Store
+from batchrun.db.store import FINAL_STATES, LOCK_PATIENCE_S, MAX_ID, Claim, Scope, Store
 from batchrun.errors import (
     BatchrunError,
     JobError,
@@ -39,11 +40,15 @@ ASK_AGAIN = 5  # times a page or a prepare goes again after its connection was l
 
 
 async def again_after_lost(what: str, call: Callable[[], Awaitable[_R]]) -> _R:
-    """``call()``, again (up to ``ASK_AGAIN`` times, with backoff) when one of the job's
-    statements in it lost its connection: for ``page`` (a query, by the contract) and
-    ``prepare`` (batched effects keyed like ``process``'s), going again as a whole is safe,
-    as retrying an entity is; the statement itself is never re-run alone."""
-    tries = 0
+    """``call()``, again when one of the job's statements in it lost its connection (up
+    to ``ASK_AGAIN`` times, with backoff) or waited out a lock another session holds (the
+    statement undone; for up to ``LOCK_PATIENCE_S``, as batchrun's own writes wait): for
+    ``page`` (a query, by the contract) and ``prepare`` (batched effects keyed like
+    ``process``'s), going again as a whole is safe, as retrying an entity is; the
+    statement itself is never re-run alone. A lock on the application's own tables (its
+    migration, a long transaction) delays the run; it ended it after some 8 s."""
+    tries = waits = 0
+    locked_since: float | None = None
     while True:
         try:
             return await call()
@@ -53,6 +58,15 @@ async def again_after_lost(what: str, call: Callable[[], Awaitable[_R]]) -> _R:
                 raise
             log.warning("%s lost its database connection; asking again: %s", what, exc)
             await asyncio.sleep(0.1 * 2**tries)
+        except LockTimeoutError as exc:
+            now = time.monotonic()
+            if locked_since is None:
+                locked_since = now
+                log.warning("%s waits for a lock another session holds: %s", what, exc)
+            elif now - locked_since >= LOCK_PATIENCE_S:
+                raise
+            waits += 1
+            await asyncio.sleep(min(5.0, 0.1 * 2 ** min(waits, 6)) * random.uniform(0.5, 1.0))
 
 
 async def page(job: Job, ctx: Context, after: int, limit: int) -> list[dict[str, Any]]:

@@ -227,6 +227,46 @@ def test_a_statement_timeout_shorter_than_the_lock_wait_does_not_end_the_run(
     assert_one_card_each(server_url, set(per_user))
 
 
+def lock_table(url: str, table: str, seconds: float, taken: threading.Event) -> None:
+    """Hold ``table`` ACCESS EXCLUSIVE in a transaction for ``seconds``."""
+    with pg_connect(url) as pg:
+        pg.autocommit = False
+        pg.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
+        taken.set()
+        time.sleep(seconds)
+        pg.rollback()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("table", ["gift_card", "batchrun_run"])
+def test_a_lock_on_an_application_table_or_the_run_history_delays_a_run(
+    postgres_url: str, smtp_server: SmtpTestServer, table: str
+) -> None:
+    """A lock held 9 s on the job's own table (the cards ``prepare`` inserts) or on the run
+    history: the run ended with exit 1 after some 8 s (three lock waits); it waits."""
+    env = cli_env(postgres_url, smtp_server.url)
+    seeded(postgres_url, env, 1200)
+    want = want_ids(postgres_url)
+    taken = threading.Event()
+    holder = threading.Thread(target=lock_table, args=(postgres_url, table, 9.0, taken))
+    holder.start()
+    try:
+        assert taken.wait(10)
+        started = time.monotonic()
+        done = run_cli("birthday", "--month", "2025-06", "--json", env=env, timeout=120)
+        waited = time.monotonic() - started
+    finally:
+        holder.join()
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "waits for a lock" in done.stderr, done.stderr
+    assert waited > 5, "the lock was in the way"
+    assert set(smtp_server.sends_per_user(2025)) == want
+    assert_one_card_each(postgres_url, want)
+    runs = json.loads(run_cli("runs", "--json", env=env).stdout)
+    assert [r["outcome"] for r in runs] == ["ok"], runs
+
+
 def terminate_backends(
     database: str, stop: threading.Event, every_s: float, killed: list[int]
 ) -> None:

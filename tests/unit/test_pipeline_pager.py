@@ -23,6 +23,7 @@ from batchrun.errors import (
     StatementError,
 )
 from batchrun.pipeline import pager
+from batchrun.pipeline import pager as pager_module
 from batchrun.pipeline.item import Item
 from batchrun.pipeline.pager import LoadGate, Pager, again_after_lost, page, recheck, unfinished
 from batchrun.pipeline.stop import StopToken
@@ -208,15 +209,39 @@ async def test_a_page_that_forgot_an_await_says_so_and_nothing_else_warns() -> N
         gc.collect()
 
 
+async def test_a_lock_wait_asks_again_while_patience_lasts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lock on the application's own tables (a long transaction) ended the run after
+    three lock waits of its statement; the page goes again, as batchrun's writes do."""
+    calls: list[int] = []
+
+    async def locked_twice() -> str:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise LockTimeoutError("database x: (1205) Lock wait timeout exceeded")
+        return "rows"
+
+    assert await again_after_lost("page", locked_twice) == "rows" and len(calls) == 3
+    monkeypatch.setattr(pager_module, "LOCK_PATIENCE_S", 0.3)
+    error = LockTimeoutError("lock")
+
+    async def always_locked() -> str:
+        raise error
+
+    with pytest.raises(LockTimeoutError) as caught:
+        await again_after_lost("page", always_locked)
+    assert caught.value is error
+
+
 @pytest.mark.parametrize(
     "error",
     [
-        LockTimeoutError("lock"),
         NotMigratedError("not migrated"),
         DatabaseError("database x: (1040) Too many connections"),  # an outage, not the job
     ],
 )
-async def test_lock_waits_and_batchruns_own_errors_pass_as_they_are(error: Exception) -> None:
+async def test_batchruns_own_errors_pass_as_they_are(error: Exception) -> None:
     class Waiting(FakeJob):
         async def page(self, ctx: Any, after: int, limit: int) -> Any:
             raise error
