@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from batchrun.errors import ConfigError
+from batchrun.urls import split
 
 if TYPE_CHECKING:
     from batchrun.job import Job
@@ -151,7 +152,7 @@ def backend_env(env: Mapping[str, str], name: str) -> BackendEnv:
     prefix = f"BATCHRUN_BACKEND_{name.upper().replace('-', '_')}_"
     url = env.get(prefix + "URL") or None
     if url is not None:
-        parts = urlsplit(url)
+        parts = split(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             got = f"a {parts.scheme}:// one" if parts.scheme else "one without a scheme"
             raise ConfigError(f"{prefix}URL must be an http(s):// URL, got {got}")

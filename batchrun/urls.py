@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from urllib.parse import SplitResult, urlsplit
 
+from batchrun.errors import ConfigError
+
 # The password runs to the LAST '@' of the URL (as urlsplit and the drivers read it), so a
 # raw '@' inside a password is masked too; masking too much is the safe way to be wrong.
 _USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/\s]*):(?P<pw>\S*)@")
@@ -17,12 +19,17 @@ def mask_url(url: str) -> str:
 
 
 def mask_text(text: str, *urls: str | None) -> str:
-    """Remove every password that appears in ``urls`` from ``text``."""
+    """Remove every password that appears in ``urls`` from ``text``; never raises, even
+    for a URL ``urlsplit`` cannot read (an unclosed ``[``)."""
     for url in urls:
         if not url:
             continue
         text = text.replace(url, mask_url(url))
-        password = split(url).password
+        try:
+            password = urlsplit(url).password
+        except ValueError:
+            found = _USERINFO.match(url)
+            password = found["pw"] if found else None
         if password and len(password) >= _MIN_SECRET:
             text = text.replace(password, "***")
     return text
@@ -57,8 +64,16 @@ def shown(url: str) -> str:
 
 
 def split(url: str) -> SplitResult:
-    """``urlsplit`` that never raises on odd ports (they are checked where used)."""
-    return urlsplit(url)
+    """``urlsplit`` of a setting's URL; odd ports are checked where used.
+
+    Raises:
+        ConfigError: a URL urlsplit cannot read (an unclosed ``[`` of an IPv6 host): one
+            line, the password masked.
+    """
+    try:
+        return urlsplit(url)
+    except ValueError as exc:
+        raise ConfigError(f"unusable URL {mask_url(url)!r}: {exc}") from None
 
 
 def scheme_of(url: str) -> str:

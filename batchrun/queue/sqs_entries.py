@@ -11,10 +11,9 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from batchrun.errors import ConfigError
-from batchrun.urls import mask_url
+from batchrun.urls import mask_url, split
 
 BATCH = 10  # SQS's most entries per batch call
 BATCH_BYTES = 250 * 1024  # SQS caps a whole batch request at 256 KiB; keep a margin
@@ -44,7 +43,7 @@ def locate(url: str, env: Mapping[str, str]) -> Location:
     Raises:
         ConfigError: not an SQS queue URL, or no region to be had.
     """
-    parts = urlsplit(url)
+    parts = split(url)
     segments = [s for s in parts.path.split("/") if s]
     if parts.scheme not in ("http", "https") or not parts.hostname or len(segments) != 2:
         raise ConfigError(

@@ -72,6 +72,27 @@ def test_a_mysql_url_with_a_bad_connect_timeout_is_one_line_and_exit_2(value: st
 
 
 @pytest.mark.parametrize(
+    ("variable", "url"),
+    [
+        ("BATCHRUN_DB", "mysql://u:Hunter3Secret@[::1/app"),
+        ("BATCHRUN_DB", "postgresql://postgres:Hunter3Secret@[::1:5432/app"),
+        ("BATCHRUN_RETRY_QUEUE", "https://u:Hunter3Secret@[sqs.example/1/q"),
+    ],
+)
+def test_a_url_with_an_unclosed_bracket_is_one_line_and_exit_2(
+    variable: str, url: str, tmp_path: Path
+) -> None:
+    """An unclosed '[' (an IPv6 host) was a 221-line traceback, its handler failing again."""
+    env = {"BATCHRUN_DB": f"sqlite:///{tmp_path / 'app.db'}"}
+    assert run_cli("db", "migrate", env=env).returncode == 0
+    result = run_cli("status", env=env | {variable: url})
+    assert result.returncode == 2, result.stderr
+    line = one_line(result.stderr)
+    assert "unusable URL" in line and "Invalid IPv6 URL" in line, line
+    assert "Hunter3Secret" not in result.stderr + result.stdout and "***" in line
+
+
+@pytest.mark.parametrize(
     ("dialect", "mark", "text", "sql"),
     [
         # MySQL: a backslash escapes the quote, so the string goes on past it.

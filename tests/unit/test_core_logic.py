@@ -20,7 +20,7 @@ from batchrun.period import Period, Unit
 from batchrun.queue import base as queue_base
 from batchrun.queue.base import MAX_BODY, PoisonMessage, QueueMessage, backoff_s
 from batchrun.settings import DEFAULT_DB, DEFAULT_MAIL, Settings
-from batchrun.urls import mask_text, mask_url, shown
+from batchrun.urls import mask_text, mask_url, shown, split
 
 UNITS: dict[str, Unit] = {"birthday": "month"}  # jobs a consumer parses bodies for
 
@@ -669,3 +669,13 @@ def test_causes_follow_os_error_before_cause_and_end_on_a_loop() -> None:
     other = ValueError("b")
     looped.__cause__, other.__cause__ = other, looped
     assert list(causes(looped, limit=5)) == [looped, other, looped, other, looped]
+
+
+def test_mask_text_never_raises_and_split_says_which_url() -> None:
+    url = "mysql://u:Hunter3Secret@[::1/app"
+    assert mask_text(f"cannot connect: Hunter3Secret at {url}", url) == (
+        "cannot connect: *** at mysql://u:***@[::1/app"
+    )
+    with pytest.raises(ConfigError, match=r"unusable URL 'mysql://u:\*\*\*@\[::1/app'") as caught:
+        split(url)
+    assert "Hunter3Secret" not in str(caught.value)
