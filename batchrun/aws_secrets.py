@@ -1,7 +1,8 @@
 """The database URL from AWS Secrets Manager, for the Lambda (never plain text in its config).
 
 The secret holds a URL, JSON with a ``url`` key, or the JSON RDS writes for a managed
-secret (``username``, ``password``, ``host``, ``port``, ``dbname``).
+secret (``username``, ``password``, ``host``, ``port``, ``dbname``, and ``engine``:
+``mysql``/``mariadb``/``aurora-mysql``, or ``postgres``/``aurora-postgresql``).
 """
 
 from __future__ import annotations
@@ -36,17 +37,37 @@ def url_from_secret(text: str) -> str:
         raise ConfigError("the database secret's JSON is not an object")
     if isinstance(data.get("url"), str):
         return str(data["url"])
+    engine = str(data.get("engine") or "mysql").lower()
+    scheme = _SCHEMES.get(engine)
+    if scheme is None:
+        raise ConfigError(
+            f"the database secret's engine {engine[:40]!r} is not one batchrun connects to "
+            f"(known: {', '.join(sorted(_SCHEMES))})"
+        )
     try:
         user = quote(str(data["username"]), safe="")
         password = quote(str(data["password"]), safe="")
         host = str(data["host"])
-        port = int(data.get("port", 3306))
+        port = int(data.get("port", _PORTS[scheme]))
         name = quote(str(data["dbname"]), safe="")
     except (KeyError, TypeError, ValueError):
         raise ConfigError(
             "the database secret's JSON needs 'url', or username, password, host and dbname"
         ) from None
-    return f"mysql://{user}:{password}@{host}:{port}/{name}"
+    return f"{scheme}://{user}:{password}@{host}:{port}/{name}"
+
+
+# RDS's "engine" in a managed secret -> the URL scheme; without one, MySQL (as before).
+_SCHEMES = {
+    "mysql": "mysql",
+    "mariadb": "mysql",
+    "aurora": "mysql",
+    "aurora-mysql": "mysql",
+    "postgres": "postgresql",
+    "postgresql": "postgresql",
+    "aurora-postgresql": "postgresql",
+}
+_PORTS = {"mysql": 3306, "postgresql": 5432}
 
 
 async def database_url(arn: str, env: Mapping[str, str]) -> str:

@@ -648,6 +648,13 @@ def test_a_database_secret_may_be_a_url_or_json() -> None:
     assert url_from_secret('{"url": "sqlite:///x.db"}') == "sqlite:///x.db"
     rds = '{"username": "app", "password": "p@ss:/w", "host": "db", "dbname": "shop"}'
     assert url_from_secret(rds) == "mysql://app:p%40ss%3A%2Fw@db:3306/shop"
+    # RDS's own PostgreSQL secret names its engine: it was read as MySQL on port 3306.
+    pg = '{"username": "u", "password": "pw", "host": "db", "dbname": "app", "engine": "postgres"}'
+    assert url_from_secret(pg) == "postgresql://u:pw@db:5432/app"
+    aurora = pg.replace('"postgres"', '"aurora-mysql"').replace('"app"', '"app", "port": 3307')
+    assert url_from_secret(aurora) == "mysql://u:pw@db:3307/app"
+    with pytest.raises(ConfigError, match="engine 'oracle-ee' is not one"):
+        url_from_secret(pg.replace('"postgres"', '"oracle-ee"'))
     for bad in ('{"username": "x"}', "[1]", "{not json"):
         with pytest.raises(ConfigError):
             url_from_secret(bad)
