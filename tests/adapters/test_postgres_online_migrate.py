@@ -335,3 +335,24 @@ async def test_a_concurrent_build_that_waits_out_its_lock_is_built_again_valid(
     )
     assert invalid == [], invalid
     assert [bool(r[0]) for r in _index(postgres_url)] == [True]
+
+
+def test_a_schema_named_after_the_role_does_not_get_copies_of_the_tables(
+    postgres_url: str,
+) -> None:
+    """A schema ``"$user"`` (first on the default search_path) made after the first
+    migrate: the guards looked in it alone, so `status` said the schema was missing and
+    `db migrate` created empty copies of every table there, the application's "user"
+    and gift_card included, which its unqualified queries then read."""
+    env = {"BATCHRUN_DB": postgres_url}
+    for step in (("db", "migrate"), ("db", "seed", "--users", "200", "--seed", "5")):
+        assert run_cli(*step, env=env).returncode == 0
+    role = query(postgres_url, "SELECT current_user")[0][0]
+    query(postgres_url, f'CREATE SCHEMA "{role}"')
+    status = run_cli("status", "--month", "2025-06", env=env)
+    assert status.returncode == 0, status.stderr
+    again = run_cli("db", "migrate", env=env)
+    assert again.returncode == 0 and "migrated" not in again.stdout + again.stderr, again.stderr
+    copies = query(postgres_url, "SELECT tablename FROM pg_tables WHERE schemaname = %s", role)
+    assert copies == [], copies
+    assert query(postgres_url, 'SELECT COUNT(*) FROM "user"') == [(200,)]

@@ -1,12 +1,18 @@
--- Catalog lookups for the migration guards, in the connection's current schema.
+-- Catalog lookups for the migration guards. A table is the one its name resolves to through
+-- the search_path (to_regclass), as every query of batchrun's and the job's finds it: a
+-- schema named after the role ("$user", first on the default path) that holds none of
+-- them does not make migrate create empty copies there. The catalogs show every table,
+-- privileges or not: a role that may not read one is told so by the query, not sent to
+-- `batchrun db migrate`.
 
 -- name: has_column
-SELECT COUNT(*) FROM information_schema.columns
-WHERE table_schema = current_schema() AND table_name = :table AND column_name = :item;
+SELECT COUNT(*) FROM pg_attribute
+WHERE attrelid = to_regclass(quote_ident(:table)) AND attname = :item
+  AND attnum > 0 AND NOT attisdropped;
 
 -- name: has_table
-SELECT COUNT(*) FROM information_schema.tables
-WHERE table_schema = current_schema() AND table_name = :table AND CAST(:item AS text) = '';
+SELECT COUNT(*) FROM pg_class
+WHERE oid = to_regclass(quote_ident(:table)) AND CAST(:item AS text) = '';
 
 -- name: has_index
 -- Only a VALID index counts: an interrupted CREATE INDEX CONCURRENTLY leaves an INVALID
@@ -14,16 +20,14 @@ WHERE table_schema = current_schema() AND table_name = :table AND CAST(:item AS 
 SELECT COUNT(*) FROM pg_index i
 JOIN pg_class ic ON ic.oid = i.indexrelid
 JOIN pg_class tc ON tc.oid = i.indrelid
-WHERE tc.relnamespace = current_schema()::regnamespace
-  AND tc.relname = :table AND ic.relname = :item AND i.indisvalid;
+WHERE tc.oid = to_regclass(quote_ident(:table)) AND ic.relname = :item AND i.indisvalid;
 
 -- name: has_unique
 -- A valid single-column unique index on the column, whatever its name.
 SELECT COUNT(*) FROM pg_index i
 JOIN pg_class tc ON tc.oid = i.indrelid
 JOIN pg_attribute a ON a.attrelid = tc.oid AND a.attnum = i.indkey[0]
-WHERE tc.relnamespace = current_schema()::regnamespace
-  AND tc.relname = :table AND a.attname = :item
+WHERE tc.oid = to_regclass(quote_ident(:table)) AND a.attname = :item
   AND i.indisunique AND i.indisvalid AND i.indnatts = 1 AND i.indpred IS NULL;
 
 -- name: schema_record
