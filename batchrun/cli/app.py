@@ -219,6 +219,11 @@ def _setup_logging(verbose: int) -> None:
             if stderr.is_terminal
             else _PlainHandler()
         )
+    for handler in root.handlers:
+        if isinstance(handler, RichHandler | _PlainHandler):
+            handler.filters = [f for f in handler.filters if not isinstance(f, _NoTraceback)]
+            if verbose == 0:
+                handler.addFilter(_NoTraceback())
     # -vv is batchrun's own debug; the drivers' (aiosqlite logs every statement) only at -vvv.
     root.setLevel(min(level, logging.INFO) if verbose < 3 else level)
     logging.getLogger("batchrun").setLevel(level)
@@ -231,6 +236,20 @@ def _setup_logging(verbose: int) -> None:
     # AWS libraries never log below INFO, whatever -v asks for.
     for name in ("botocore", "aiobotocore", "boto3", "urllib3"):
         logging.getLogger(name).setLevel(max(level, logging.INFO))
+
+
+class _NoTraceback(logging.Filter):
+    """Without -v, a record's exception is its one line, not its traceback (a driver's
+    pool warning, a second worker's failure): -v shows the frames."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True
 
 
 class _ShownUrls(logging.Filter):

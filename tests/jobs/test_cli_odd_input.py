@@ -273,3 +273,31 @@ def test_a_broken_pipe_that_is_not_stdouts_is_an_error(
     result = CliRunner().invoke(app, ["--db", db, "runs"])
     assert result.exit_code == 1, result.output
     assert "error: BrokenPipeError" in result.output
+
+
+def test_a_logged_exception_is_one_line_without_v_and_its_frames_with_v(tmp_path: Path) -> None:
+    """A record logged with its exception (a driver's pool warning, a second worker's
+    failure) printed a traceback on every run, -v or not."""
+    jobs = tmp_path / "noisy.py"
+    jobs.write_text(
+        "import logging\n"
+        "import batchrun\n\n"
+        "class Noisy(batchrun.Job):\n"
+        "    name = 'noisy'\n"
+        "    address = None\n\n"
+        "    async def page(self, ctx, after, limit):\n"
+        "        return [{'id': 1}] if after == 0 else []\n\n"
+        "    async def process(self, ctx, row):\n"
+        "        try:\n"
+        "            raise ValueError('pool floor')\n"
+        "        except ValueError:\n"
+        "            logging.getLogger('some.driver').warning('retrying', exc_info=True)\n"
+    )
+    env = {"BATCHRUN_DB": f"sqlite:///{tmp_path / 'app.db'}", "BATCHRUN_JOBS": str(jobs)}
+    assert run_cli("db", "migrate", env=env).returncode == 0
+    quiet = run_cli("run", "noisy", "--period", "2025-06", "--json", env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "Traceback" not in quiet.stderr
+    assert "retrying: ValueError: pool floor" in quiet.stderr, quiet.stderr
+    told = run_cli("-v", "run", "noisy", "--period", "2025-07", "--json", env=env)
+    assert told.returncode == 0 and "Traceback" in told.stderr, told.stderr
