@@ -102,6 +102,13 @@ class QueueMessage:
             raise PoisonMessage("JSON nested too deeply") from None
         if not isinstance(body, dict):
             raise PoisonMessage("body is not a JSON object")
+        version = body.get("v", 2)
+        if not _is_int(version) or version not in (1, 2):
+            # A newer batchrun's format (or none): dead-lettered with the reason, to be
+            # redriven by a batchrun that reads it, never read as if it were this one.
+            raise PoisonMessage(
+                f"message format v{str(version)[:20]} is not one this batchrun reads (v1, v2)"
+            )
         kind = body.get("kind")
         if kind not in KINDS:
             raise PoisonMessage(f"unknown kind {kind!r}")

@@ -57,7 +57,17 @@ def test_a_readable_message_for_a_known_job_is_worked() -> None:
     assert found == {}
 
 
-@pytest.mark.parametrize("body", ["not json", "{}", '{"v": 2, "kind": "retry"}'])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "not json",
+        "{}",
+        '{"v": 2, "kind": "retry"}',
+        # a newer batchrun's format was read as v2
+        '{"v": 99, "kind": "retry", "job": "birthday", "period": "2025-06", "id": 3}',
+        '{"v": "2", "kind": "retry", "job": "birthday", "period": "2025-06", "id": 3}',
+    ],
+)
 def test_an_unreadable_message_is_poison(body: str) -> None:
     found: dict[str, Disposition] = {}
     assert consumer()._read(received(body), found) is None
