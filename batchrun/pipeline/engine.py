@@ -136,6 +136,8 @@ class Runner(Generic[T]):
         self._in_flight = 0
         # most items ever in flight at once over this runner's life (for tests and metrics)
         self.max_in_flight = 0
+        # the items a run that raised never started (``run`` re-raises; it returns no result)
+        self.not_started_on_error: list[T] = []
 
     @property
     def concurrency(self) -> int:
@@ -212,9 +214,10 @@ class Runner(Generic[T]):
             aclose = getattr(items, "aclose", None)
             if aclose is not None:
                 await aclose()
-        if error is not None:
-            raise error
         not_started = [*state.returned, *state.held]
+        if error is not None:
+            self.not_started_on_error = not_started  # never started: the caller may free them
+            raise error
         cancelled = list(state.current.values())
         complete = state.exhausted and not not_started and not cancelled
         return RunResult(

@@ -345,6 +345,10 @@ class Pager:
                 self.foreign.add(row["id"])
         self.on_claimed(len(items))
         if items and with_prepare:
-            await prepare(self.job, self.ctx, [i.row for i in items])
+            try:
+                await prepare(self.job, self.ctx, [i.row for i in items])
+            except BaseException:
+                self.unyielded.extend(items)  # claimed, never worked: the run lets them go
+                raise
         self.unyielded.extend(items)
         return

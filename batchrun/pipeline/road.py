@@ -27,15 +27,26 @@ async def travel(
     grace_s: float,
     on_progress: Callable[[Progress], None] | None = None,
     unyielded: Iterable[Item] = (),
+    left_on_error: list[Item] | None = None,
 ) -> list[Item]:
     """Work every item ``source`` yields; return the items claimed and not worked (a stop,
     the breaker, a bug, the source's own ``unyielded``), leaving out those whose claim
-    another process took over."""
+    another process took over.
+
+    When the work raises (the source's page failed, say), ``left_on_error`` gets the items
+    that were claimed and never started, which the caller can let go of at once; the
+    ones in flight keep their claims (an effect may have happened)."""
     runner: Runner[Item] = Runner(
         concurrency=concurrency, stop=stop, grace_s=grace_s, on_progress=on_progress
     )
-    with fewer_collections():
-        result = await runner.run(source, worker.work)
+    try:
+        with fewer_collections():
+            result = await runner.run(source, worker.work)
+    except BaseException:
+        if left_on_error is not None:
+            never = [*runner.not_started_on_error, *unyielded, *worker.unstarted]
+            left_on_error += [i for i in never if not worker.lease.lost(i)]
+        raise
     leftover = [*result.not_started, *result.cancelled, *unyielded, *worker.unstarted]
     return [i for i in leftover if not worker.lease.lost(i)]
 

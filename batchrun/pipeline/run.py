@@ -11,6 +11,7 @@ cannot add a second one. A mail backend that does not answer before the run begi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -213,15 +214,26 @@ async def _run(
         poll_s=min(1.0, w.settings.lease_s / 5),
         gate=gate,
     )
+    never_started: list[Item] = []
     try:
-        leftover = await travel(
-            pager.items(),
-            worker,
-            concurrency=options.concurrency,
-            stop=stop,
-            grace_s=options.grace_s,
-            unyielded=pager.unyielded,
-        )
+        try:
+            leftover = await travel(
+                pager.items(),
+                worker,
+                concurrency=options.concurrency,
+                stop=stop,
+                grace_s=options.grace_s,
+                unyielded=pager.unyielded,
+                left_on_error=never_started,
+            )
+        except Exception:
+            # The run ends on this error: what it claimed and never started is let go of
+            # now, not held until its lease ran out (a rerun waited), and left_pending.
+            if never_started:
+                with contextlib.suppress(Exception):  # the error that ended it is told
+                    await lease.release(scope, [i.id for i in never_started])
+                    summary.left_pending += len(never_started)
+            raise
         await applier.close()
         if breaker.open and options.limit is not None:
             known = len(pager.unyielded)  # already among the leftovers

@@ -232,3 +232,39 @@ async def test_a_bug_stops_a_retry_drain_after_ten(
     )
     assert worked[0][0] == 10
     assert await queue.depths() == (30, 0), "every message stays for the fixed job"
+
+
+def test_a_run_that_ends_on_an_error_lets_go_of_what_it_never_started(tmp_path: Path) -> None:
+    """A prepare that met a database error ended the run with every entity of the page
+    still claimed, for a lease, and ``left_pending`` 0: a rerun at once found them held."""
+    flag = tmp_path / "down"
+    flag.write_text("down")
+    jobs = tmp_path / "flaky.py"
+    jobs.write_text(
+        "from pathlib import Path\n"
+        "import batchrun\n"
+        "from batchrun.errors import DatabaseError\n\n"
+        "class Flaky(batchrun.Job):\n"
+        "    name = 'flaky'\n"
+        "    address = None\n\n"
+        "    async def page(self, ctx, after, limit):\n"
+        "        return [{'id': i} for i in range(after + 1, min(after + limit, 20) + 1)]\n\n"
+        "    async def prepare(self, ctx, rows):\n"
+        f"        if Path({str(flag)!r}).exists():\n"
+        "            raise DatabaseError('database app: (2013) Lost connection')\n\n"
+        "    async def process(self, ctx, row):\n"
+        "        pass\n"
+    )
+    env = {
+        "BATCHRUN_DB": f"sqlite:///{tmp_path / 'app.db'}",
+        "BATCHRUN_JOBS": str(jobs),
+        "BATCHRUN_LEASE_S": "60",
+    }
+    assert run_cli("db", "migrate", env=env).returncode == 0
+    failed = run_cli("run", "flaky", "--period", "2025-06", "--json", env=env)
+    assert failed.returncode == 1, failed.stderr
+    assert json.loads(failed.stdout)["left_pending"] == 20, failed.stdout
+    flag.unlink()
+    rerun = run_cli("run", "flaky", "--period", "2025-06", "--json", env=env, timeout=30)
+    done = json.loads(rerun.stdout)
+    assert rerun.returncode == 0 and done["succeeded"] == 20, rerun.stdout + rerun.stderr
