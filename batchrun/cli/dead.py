@@ -40,7 +40,8 @@ def dead_list(
 ) -> None:
     """List the dead letters: id, job, period, entity, why it died.
 
-    Nothing changes (on SQS the messages are hidden for a moment while they are read).
+    Nothing changes (on SQS the messages are hidden for a moment while they are read). On
+    SQS, "receives" is the queue's ApproximateReceiveCount, which each listing adds one to.
     """
     context: Invocation = ctx.obj
 
