@@ -68,7 +68,6 @@ class Consumer:
         self._limiter: AdaptiveRate | None = None
         self._limiter_made = False
         self._lost_tasks: LostTaskSweep | None = None  # made with the first task message
-        self._told_unknown: set[str] = set()  # jobs whose messages were said left, once each
 
     async def limiter(self, options: Options) -> AdaptiveRate | None:
         """One pacer for the consumer's life (``--rate``)."""
@@ -152,16 +151,7 @@ class Consumer:
             message = QueueMessage.from_json(item.body, units)
         except UnknownJob as exc:
             # Not poison: a process started with that job's --jobs does it.
-            # Said once a job (a warning: a Lambda's log shows no info), then at -v.
-            first = exc.job not in self._told_unknown
-            self._told_unknown.add(exc.job)
-            log.log(
-                logging.WARNING if first else logging.INFO,
-                "message %s is for %s, which this process does not know (--jobs, "
-                "BATCHRUN_JOBS): left on the queue for one that does",
-                item.message_id,
-                exc,
-            )
+            log.info("message %s is for %s: left on the queue", item.message_id, exc)
             delay = max(UNKNOWN_JOB_DELAY_S, self.w.settings.lease_s)
             found[item.message_id] = Disposition(
                 "later", str(exc), delay_s=delay, counted=False, unknown_job=exc.job
