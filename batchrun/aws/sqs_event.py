@@ -84,12 +84,22 @@ async def handle_sqs(
                 metrics["MailDown"] = 1
             failed = sum(1 for v in dispositions.values() if v.action != "delete")
             await record.end(3 if failed else 0, {"messages": len(items), "failed": failed})
+        unknown: dict[str, int] = {}
         for item in items:
             disposition = dispositions.get(item.message_id, Disposition("later"))
             _add(metrics, disposition)
             if disposition.unknown_job is not None:
                 # Not this function's job (BATCHRUN_JOBS): left for one that knows it.
                 metrics["UnknownJob"] = metrics.get("UnknownJob", 0) + 1
+                unknown[disposition.unknown_job] = unknown.get(disposition.unknown_job, 0) + 1
+        for job, count in unknown.items():
+            # A warning: a Lambda's log shows no info line, and the CLI's last line is not here.
+            log.warning(
+                "%d messages for job %r, which this function does not know (BATCHRUN_JOBS): "
+                "left on the queue for one that does",
+                count,
+                job,
+            )
         # The one applier the CLI uses too; a dead record goes straight to the DLQ and
         # succeeds, poison fails (the queue's redrive policy dead-letters it).
         unsettled = await settle_messages(backends.queue, items, dispositions, event_source=True)

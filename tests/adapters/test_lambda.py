@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import Counter
 from typing import Any
@@ -241,10 +242,15 @@ def test_a_poison_record_is_dead_lettered_at_once_and_alone(
     smtp_server: SmtpTestServer,
     environ: dict[str, str],
     sqs: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     want = sorted(prepare(mysql_url, 600, seed=34))
     event = load_event("sqs_poison.json", USER_1=want[0], USER_2=want[1])
-    result = aws_lambda.handle(event, FakeContext(60), environ=environ)
+    with caplog.at_level(logging.WARNING, logger="batchrun"):
+        result = aws_lambda.handle(event, FakeContext(60), environ=environ)
+    # The job it does not know is named in a warning (a Lambda's log shows no info).
+    told = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
+    assert len(told) == 1 and "BATCHRUN_JOBS" in told[0], told
     # Poison is never delivered again: on the dead-letter queue now, not left for the
     # redrive policy (up to five more deliveries). A job this function does not know
     # stays on the queue for a function that does.
