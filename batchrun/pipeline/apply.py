@@ -283,11 +283,15 @@ async def settle_messages(
         else:
             keep = verdict.keep or verdict.unknown_job is not None
             if keep or verdict.delay_s > 0 or not event_source:
-                hide = queue.keep if keep else queue.retry_later
+                # Kept, whatever the reason: where one more receive could reach the queue's
+                # redrive limit, an SQS queue gets a fresh copy. The retry policy (the
+                # ledger's attempts) decides when an entity is dead, so a receive that was
+                # no attempt, or a job's policy of more attempts than the limit, never has
+                # the redrive policy dead-letter it while the ledger says retrying.
                 if event_source:
-                    await _quietly(item, hide(item, verdict.delay_s))
+                    await _quietly(item, queue.keep(item, verdict.delay_s))
                 else:
-                    await hide(item, verdict.delay_s)
+                    await queue.keep(item, verdict.delay_s)
             if event_source:
                 failed.append(item)
     if done and not event_source:

@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 from support import ROOT
-from support.aws_server import MotoServer
+from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
 from support.http_server import GrantsTestServer
 
 import batchrun
 from batchrun.db import Store, connect
+from batchrun.db.store import State
 from batchrun.jobs.birthday import Birthday
 from batchrun.mail.base import from_url as mailer_from_url
 from batchrun.pipeline.run import Options
@@ -325,6 +326,53 @@ async def test_a_jobs_attempts_decide_when_a_retry_gives_up(
     reasons = await store.jobdb.fetch("SELECT last_error FROM batchrun_ledger WHERE job = 'never'")
     # each tried twice (job.tries): it said "gave up after 1 attempts"
     assert {r["last_error"] for r in reasons} == {"gave up after 2 attempts: still down"}
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+async def test_a_jobs_attempts_past_the_sqs_redrive_limit_decide_alone(
+    store: Store, make_runtime: Callable[..., Runtime], moto_server: MotoServer
+) -> None:
+    """Five attempts on a queue whose redrive policy dead-letters at the third receive:
+    SQS moved each retry to the dead-letter queue after three tries, its ledger row still
+    'retrying'. Every failed retry is kept (a fresh copy near the limit), so the job's
+    policy decides, and the dead letter says why."""
+    moto_server.reset()
+    url, dlq = make_queue_with_dlq(moto_server, "attempts", dlq_name="attempts-dlq", max_receives=2)
+
+    class Stubborn(Later):
+        name = "stubborn"
+        retry = batchrun.RetryPolicy(attempts=5, backoff=0.0)
+
+        async def process(self, ctx: batchrun.Context, row: dict[str, Any]) -> None:
+            self.tries[row["id"]] += 1
+            raise batchrun.Retry("still down")
+
+    job = Stubborn()
+    queue = queue_from_url(url, db=store.db, max_receives=2, env=moto_server.env)
+    rt = make_runtime(job, queue=queue, retry_queue_url=url)
+    try:
+        assert (await rt.run(june(), job="stubborn")).queued_for_retry == N
+        for _ in range(12):
+            if sum(job.tries.values()) >= 5 * N:
+                break
+            await rt.retry()
+            await asyncio.sleep(0.2)
+        assert job.tries == Counter(dict.fromkeys(range(1, N + 1), 5))
+        rows = await store.jobdb.fetch(
+            "SELECT state, last_error FROM batchrun_ledger WHERE job = 'stubborn'"
+        )
+        assert {(r["state"], r["last_error"]) for r in rows} == {
+            (int(State.FAILED), "gave up after 5 attempts: still down")
+        }
+        letters = aws_client(moto_server).receive_message(
+            QueueUrl=dlq, MaxNumberOfMessages=10, MessageAttributeNames=["All"]
+        )["Messages"]
+        assert len(letters) == N
+        assert {m["MessageAttributes"]["reason"]["StringValue"] for m in letters} == {
+            "gave up after 5 attempts: still down"
+        }
+    finally:
+        await queue.close()
 
 
 async def test_one_attempt_dead_letters_a_runs_failure_at_once(

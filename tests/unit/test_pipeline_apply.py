@@ -280,10 +280,12 @@ async def test_the_cli_settles_each_message_by_its_disposition() -> None:
     assert queue.calls == [
         ("dead_letter", ("dead", "550")),
         ("dead_letter", ("poison", "not json")),
-        ("retry_later", ("later", 30)),
+        # Kept (a fresh copy near the redrive limit): the retry policy decides when an
+        # entity is dead, never a count of receives that were no attempt.
+        ("keep", ("later", 30)),
         ("keep", ("waiting", 2)),
         ("give_back", ("busy", '{"busy":1}', 4)),
-        ("retry_later", ("unworked", 0.0)),  # its batch stopped first: it comes back
+        ("keep", ("unworked", 0.0)),  # its batch stopped first: it comes back
         ("delete", ["done", "busy"]),  # a busy one given back as a fresh copy goes
     ]
 
@@ -296,7 +298,7 @@ async def test_the_lambdas_event_source_gets_the_failures_back_instead() -> None
     assert queue.calls == [
         ("send_dead", [('{"m":"dead"}', "550")]),  # straight to the DLQ: no failure
         ("send_dead", [('{"m":"poison"}', "not json")]),  # poison too: never delivered again
-        ("retry_later", ("later", 30)),
+        ("keep", ("later", 30)),
         ("keep", ("waiting", 2)),
         ("give_back", ("busy", '{"busy":1}', 4)),
     ], "nothing deleted here: SQS deletes what is not a failure"

@@ -198,7 +198,7 @@ async def test_a_batch_is_worked_settled_and_counted() -> None:
         async def delete(self, items: list[Received]) -> None:
             self.calls += [f"delete {i.message_id}" for i in items]
 
-        async def retry_later(self, item: Received, delay_s: float) -> None:
+        async def keep(self, item: Received, delay_s: float) -> None:
             self.calls.append(f"later {item.message_id}")
 
     queue = BatchQueue()
