@@ -38,7 +38,7 @@ from batchrun.errors import UsageError
 from batchrun.job import NAME, Job
 from batchrun.mail.message import sender_problem
 from batchrun.period import UNITS
-from batchrun.pipeline.reports import SUMMARY_KEYS
+from batchrun.pipeline.reports import SUMMARY_KEYS, counter_names
 from batchrun.task import is_task
 
 log = logging.getLogger(__name__)
@@ -266,16 +266,29 @@ def check_job(cls: type[Job]) -> None:
 
 
 def _counters_problem(counters: object) -> str | None:
-    """What is wrong with a job's ``counters``, if anything: not a sequence of names
-    (``"pings"`` would count p, i, n, g and s), or a name the run's summary has."""
-    if isinstance(counters, str) or not isinstance(counters, tuple | list):
+    """What makes a job's ``counters`` unusable, if anything: not names at all. A lone
+    string is one name and a name the run's summary has is reported as ``job_NAME``
+    (``_counters_notes``): both worked before, so they are warned about, not refused."""
+    if isinstance(counters, str):
+        return None
+    if not isinstance(counters, tuple | list):
         return f"counters {counters!r} is not a tuple of names, e.g. ('cards_created',)"
     for name in counters:
         if not isinstance(name, str) or not name:
             return f"counters: {name!r} is not a name"
-        if name in SUMMARY_KEYS:
-            return f"counters: {name!r} is a key of the run's summary: name the counter otherwise"
     return None
+
+
+def _counters_notes(counters: object) -> list[str]:
+    notes = []
+    if isinstance(counters, str):
+        notes.append(f"counters {counters!r} is a string: read as ({counters!r},)")
+    for name in counter_names(counters):
+        if name in SUMMARY_KEYS:
+            notes.append(
+                f"counters: {name!r} is a key of the run's summary: reported as 'job_{name}'"
+            )
+    return notes
 
 
 def _check(cls: type[Job], where: str) -> None:
@@ -312,6 +325,8 @@ def _check(cls: type[Job], where: str) -> None:
     for method in ("page", "prepare", "process"):
         if not inspect.iscoroutinefunction(getattr(cls, method)):
             raise fail(f"{method}() is not an async def")
+    for note in _counters_notes(cls.counters):
+        log.warning("%s: %s", where, note)
     for name, meant in _misspelled(cls):
         log.warning("%s: %r is nothing batchrun reads: did you mean %r?", where, name, meant)
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from batchrun.db.store import State
+
+log = logging.getLogger(__name__)
 
 MAX_REASONS = 100  # distinct failure reasons a run keeps for its summary
 OTHER_REASONS = "other reasons (`batchrun status` lists each entity's)"
@@ -79,13 +82,10 @@ class Summary(_Report):
         return 3 if self.continuation and mail_down(self.stopped) else 0
 
     def count(self, name: str, n: int) -> None:
-        if name not in self.counters and name in SUMMARY_KEYS:
-            # It would overwrite the run's own count in the JSON scripts read.
-            raise ValueError(
-                f"ctx.count({name!r}): {name!r} is a key of the run's summary: "
-                "count under a name of the job's own (declared in Job.counters)"
-            )
-        self.counters[name] = self.counters.get(name, 0) + n
+        # Never raises: a count comes after the job's effects (an email sent), and an
+        # error here would have the entity retried and the email sent again.
+        key = counter_key(name)
+        self.counters[key] = self.counters.get(key, 0) + n
 
     def failed_for(self, reason: str, n: int = 1) -> None:
         """``n`` entities failed (for a retry or for good) for ``reason``; past
@@ -126,6 +126,28 @@ class Summary(_Report):
 
 # The keys of a run's JSON summary, which a job's counter may not take.
 SUMMARY_KEYS = frozenset(f.name for f in fields(Summary)) - {"counters", "failure_reasons"}
+_told: set[str] = set()  # counter names said to be renamed, once a process
+
+
+def counter_key(name: str) -> str:
+    """The summary key of the job's counter ``name``: the name itself, or ``job_NAME``
+    for a name the summary has (``failed``: it overwrote the run's own count in the JSON
+    scripts read), said once in a warning."""
+    if name not in SUMMARY_KEYS:
+        return name
+    key = f"job_{name}"
+    if name not in _told:
+        _told.add(name)
+        log.warning("the job's counter %r is a key of the run's summary: reported as %r", name, key)
+    return key
+
+
+def counter_names(counters: object) -> tuple[str, ...]:
+    """A job's ``counters`` as names: a lone string is one name (``"pings"`` counted p,
+    i, n, g and s)."""
+    if isinstance(counters, str):
+        return (counters,)
+    return tuple(str(c) for c in counters)  # type: ignore[attr-defined]
 
 
 @dataclass

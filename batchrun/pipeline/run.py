@@ -29,7 +29,7 @@ from batchrun.pipeline.item import Item
 from batchrun.pipeline.lease import Lease
 from batchrun.pipeline.outcomes import Outcome
 from batchrun.pipeline.pager import LoadGate, Pager
-from batchrun.pipeline.reports import Summary
+from batchrun.pipeline.reports import Summary, counter_key, counter_names
 from batchrun.pipeline.road import travel
 from batchrun.pipeline.wiring import Wiring
 from batchrun.pipeline.work import EntityWorker
@@ -72,7 +72,7 @@ def new_summary(job: Job, period: Period, dry_run: bool) -> Summary:
         job.name,
         str(period),
         dry_run,
-        counters=dict.fromkeys(job.counters, 0),
+        counters=dict.fromkeys(map(counter_key, counter_names(job.counters)), 0),
         month=str(period) if period.unit == "month" else None,
     )
 
