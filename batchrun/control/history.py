@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
 from batchrun.db.base import Database, Row
+from batchrun.db.store import patiently
 
 Kind = Literal["run", "retry", "worker", "lambda", "events"]
 Outcome = Literal["ok", "retrying", "failed", "stopped", "cancelled", "crashed", "running"]
@@ -28,6 +29,9 @@ KINDS: tuple[Kind, ...] = get_args(Kind)
 OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 CANCELLED = "cancelled"  # the stop reason a `batchrun cancel` gives
 MAX_ERROR_CHARS = 500
+# How long a start or an end of a run's row waits out a lock on the history (a long
+# transaction): a run is delayed that long, not ended; past it the lock's error is told.
+HISTORY_PATIENCE_S = 60.0
 NO_LIMIT = 10**9
 # Kinds of run that serve every job's queue messages (a task job's tasks among them): their
 # rows name no job (runs_serving_job matches the same kinds).
@@ -140,13 +144,28 @@ class History:
         from batchrun import __version__  # not at import: batchrun imports the runtime
 
         now = await self.db.clock_ms()
-        await self.db.execute("run_mark_crashed", stale=now - self.lease_ms)
+        # Each statement waits out a lock another session holds on its own (a lock wait
+        # undid it): the insert is never made twice, as a retry of the whole would.
+        await patiently(
+            "run history",
+            lambda: self.db.execute("run_mark_crashed", stale=now - self.lease_ms),
+            patience_s=HISTORY_PATIENCE_S,
+        )
         host, pid = socket.gethostname()[:255], os.getpid()
         params = {"host": host, "pid": pid, "kind": kind, "now": now}
-        await self.db.execute(
-            "run_insert", job=job, period=period, version=__version__[:32], **params
+        await patiently(
+            "run history",
+            lambda: self.db.execute(
+                "run_insert", job=job, period=period, version=__version__[:32], **params
+            ),
+            patience_s=HISTORY_PATIENCE_S,
         )
-        return int(await self.db.fetchval("run_find", **params))
+        found = await patiently(
+            "run history",
+            lambda: self.db.fetchval("run_find", **params),
+            patience_s=HISTORY_PATIENCE_S,
+        )
+        return int(found)
 
     async def beat(self, run_id: int, counts: dict[str, Any] | None) -> None:
         """Renew the row's heartbeat, with the counts so far."""
@@ -162,15 +181,21 @@ class History:
         counts: dict[str, Any] | None,
         error: str | None = None,
     ) -> None:
-        """End the row (``error``: one line, already masked)."""
-        await self.db.execute(
-            "run_end",
-            id=run_id,
-            now=await self.db.clock_ms(),
-            exit_code=exit_code,
-            outcome=outcome,
-            counts=_dump(counts),
-            error=error[:MAX_ERROR_CHARS] if error else None,
+        """End the row (``error``: one line, already masked); a lock another session holds
+        on the history is waited out for up to ``HISTORY_PATIENCE_S``."""
+        now = await self.db.clock_ms()
+        await patiently(
+            "run history",
+            lambda: self.db.execute(
+                "run_end",
+                id=run_id,
+                now=now,
+                exit_code=exit_code,
+                outcome=outcome,
+                counts=_dump(counts),
+                error=error[:MAX_ERROR_CHARS] if error else None,
+            ),
+            patience_s=HISTORY_PATIENCE_S,
         )
 
     async def runs(

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from batchrun.control.history import History, Kind, outcome_of
 from batchrun.control.notify import Notifier, payload
-from batchrun.db.store import patiently
 from batchrun.errors import BatchrunError
 from batchrun.pipeline import engine
 from batchrun.urls import mask_text
@@ -78,11 +77,8 @@ class RunRecord:
 
     async def __aenter__(self) -> RunRecord:
         # A lock on the history (a long transaction, a migration) delays the run, as one
-        # on the ledger does; it ended a run that had finished its month with exit 1.
-        self.run_id = await patiently(
-            "run history",
-            lambda: self.history.start(kind=self.kind, job=self.job, period=self.period),
-        )
+        # on the ledger does (History waits it out); it ended the run with exit 1.
+        self.run_id = await self.history.start(kind=self.kind, job=self.job, period=self.period)
         self.rt.store.run_id = self.run_id
         await self.rt.steering.refresh(self.rt.store.db)
         if self.job is not None:
@@ -186,12 +182,8 @@ class RunRecord:
                 counts["error"], settings.db_url, settings.mail_url, settings.retry_queue_url
             )
         outcome = outcome_of(exit_code, stopped)
-        run_id = self.run_id
-        await patiently(
-            "run history",
-            lambda: self.history.end(
-                run_id, exit_code=exit_code, outcome=outcome, counts=counts, error=error
-            ),
+        await self.history.end(
+            self.run_id, exit_code=exit_code, outcome=outcome, counts=counts, error=error
         )
         if self.notifier is not None:
             dead_after = await self._dead_letters() if self._dead_before is not None else None

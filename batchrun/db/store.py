@@ -302,10 +302,17 @@ class Store(Schema, SuppressionList):
         )
 
 
-async def patiently(what: str, write: Callable[[], Awaitable[_T]]) -> _T:
+async def patiently(
+    what: str,
+    write: Callable[[], Awaitable[_T]],
+    *,
+    patience_s: float = LOCK_PATIENCE_S,
+    stopping: Callable[[], bool] | None = None,
+) -> _T:
     """``write()``, again with backoff while it fails on a lock another session holds (a
     lock wait, deadlock or serialization failure: the statement was undone), for up to
-    ``LOCK_PATIENCE_S``. ``what`` names it in the one warning ("ledger finish")."""
+    ``patience_s``, or until ``stopping()`` says the process is stopping. ``what`` names
+    it in the one warning ("ledger finish")."""
     started = time.monotonic()
     tries = 0
     while True:
@@ -313,7 +320,7 @@ async def patiently(what: str, write: Callable[[], Awaitable[_T]]) -> _T:
             return await write()
         except LockTimeoutError as exc:
             tries += 1
-            if time.monotonic() - started >= LOCK_PATIENCE_S:
+            if time.monotonic() - started >= patience_s or (stopping is not None and stopping()):
                 raise
             if tries == 1:
                 log.warning("%s waits for a lock another session holds: %s", what, exc)

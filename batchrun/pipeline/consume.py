@@ -302,10 +302,16 @@ class Consumer:
         # Re-checked before any claim: an entity the page does not return leaves no trace
         # in the ledger, so a task for the wrong period cannot finish it for its own.
         rows: dict[int, dict[str, Any]] = {}
-        for uid in todo:
-            row = await recheck(job, ctx, uid)
-            if row is not None:
-                rows[uid] = row
+        try:
+            for uid in todo:
+                row = await recheck(job, ctx, uid)
+                if row is not None:
+                    rows[uid] = row
+        except LockTimeoutError as exc:
+            # The application's table stayed locked (or the work is stopping): as for the
+            # ledger's rows below, the messages come back later, none claimed.
+            log.warning("%s %s: page locked, retried later: %s", job.name, scope.period, exc)
+            return claims, [], set()
         gone = {uid for uid in todo if uid not in rows}
         todo = [uid for uid in todo if uid in rows]
         if not todo:

@@ -39,14 +39,17 @@ _R = TypeVar("_R")
 ASK_AGAIN = 5  # times a page or a prepare goes again after its connection was lost
 
 
-async def again_after_lost(what: str, call: Callable[[], Awaitable[_R]]) -> _R:
+async def again_after_lost(
+    what: str, call: Callable[[], Awaitable[_R]], stopping: Callable[[], bool] | None = None
+) -> _R:
     """``call()``, again when one of the job's statements in it lost its connection (up
     to ``ASK_AGAIN`` times, with backoff) or waited out a lock another session holds (the
     statement undone; for up to ``LOCK_PATIENCE_S``, as batchrun's own writes wait): for
     ``page`` (a query, by the contract) and ``prepare`` (batched effects keyed like
     ``process``'s), going again as a whole is safe, as retrying an entity is; the
     statement itself is never re-run alone. A lock on the application's own tables (its
-    migration, a long transaction) delays the run; it ended it after some 8 s."""
+    migration, a long transaction) delays the run; it ended it after some 8 s. The wait
+    ends early when ``stopping()`` says so (a signal, the Lambda's deadline)."""
     tries = waits = 0
     locked_since: float | None = None
     while True:
@@ -65,8 +68,17 @@ async def again_after_lost(what: str, call: Callable[[], Awaitable[_R]]) -> _R:
                 log.warning("%s waits for a lock another session holds: %s", what, exc)
             elif now - locked_since >= LOCK_PATIENCE_S:
                 raise
+            if stopping is not None and stopping():
+                raise
             waits += 1
             await asyncio.sleep(min(5.0, 0.1 * 2 ** min(waits, 6)) * random.uniform(0.5, 1.0))
+
+
+def _stopping(ctx: Context) -> Callable[[], bool] | None:
+    """Whether the work ``ctx`` serves is stopping: its effects' stop token (None for a
+    context a test made without one)."""
+    stop = getattr(getattr(ctx, "_effects", None), "stop", None)
+    return None if stop is None else (lambda: bool(stop.stopping))
 
 
 async def page(job: Job, ctx: Context, after: int, limit: int) -> list[dict[str, Any]]:
@@ -79,7 +91,9 @@ async def page(job: Job, ctx: Context, after: int, limit: int) -> list[dict[str,
             reply) and batchrun's errors as they are.
     """
     try:
-        rows = await again_after_lost(f"{job.name} page", lambda: job.page(ctx, after, limit))
+        rows = await again_after_lost(
+            f"{job.name} page", lambda: job.page(ctx, after, limit), _stopping(ctx)
+        )
     except StatementError as exc:
         raise JobError(f"job {job.name!r}: page(): {exc}") from exc
     except BatchrunError:
@@ -123,7 +137,7 @@ async def prepare(job: Job, ctx: Context, rows: list[dict[str, Any]]) -> None:
     addresses = [a for r in rows if isinstance(a := r.get(column), str)] if column else []
     if addresses:
         await ctx.suppressed(addresses)
-    await again_after_lost(f"{job.name} prepare", lambda: job.prepare(ctx, rows))
+    await again_after_lost(f"{job.name} prepare", lambda: job.prepare(ctx, rows), _stopping(ctx))
 
 
 def unfinished(rows: Sequence[dict[str, Any]], ledger: dict[int, Claim]) -> list[dict[str, Any]]:

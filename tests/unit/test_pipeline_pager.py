@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -232,6 +233,12 @@ async def test_a_lock_wait_asks_again_while_patience_lasts(
     with pytest.raises(LockTimeoutError) as caught:
         await again_after_lost("page", always_locked)
     assert caught.value is error
+    # A stopping process (a signal, the Lambda's deadline) waits no longer.
+    monkeypatch.setattr(pager_module, "LOCK_PATIENCE_S", 600.0)
+    started = time.monotonic()
+    with pytest.raises(LockTimeoutError):
+        await again_after_lost("page", always_locked, stopping=lambda: True)
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize(
