@@ -175,7 +175,13 @@ class MySQLDatabase(ServerDatabase):
         return cls(url, queries, pool)
 
     async def _run(
-        self, sql: str, args: tuple[Any, ...], *, fetch: bool, rerun: bool = True
+        self,
+        sql: str,
+        args: tuple[Any, ...],
+        *,
+        fetch: bool,
+        rerun: bool = True,
+        timeouts: bool = True,
     ) -> tuple[int, list[Row], list[str], bool]:
         lost = conflicts = 0
         while True:
@@ -197,15 +203,14 @@ class MySQLDatabase(ServerDatabase):
                     conn.close()
                     lost = await self._after_lost(exc, lost, rerun=rerun)
                     continue
-                if (code in _CONFLICT or (rerun and code in _TIMED_OUT)) and (
-                    conflicts < CONFLICT_TRIES
-                ):
+                timed_out = rerun and timeouts and code in _TIMED_OUT
+                if (code in _CONFLICT or timed_out) and conflicts < CONFLICT_TRIES:
                     # The heartbeat and the outcome writes lock the same ledger rows in
                     # different index orders; InnoDB breaks the rare cycle by rolling one
                     # statement back, and that statement simply goes again.
                     conflicts = await self._after_conflict(conflicts)
                     continue
-                raise self._convert(exc, own=rerun) from exc
+                raise self._convert(exc, own=rerun, timeouts=timeouts) from exc
             except OSError as exc:
                 conn.close()
                 lost = await self._after_lost(exc, lost, rerun=rerun)
@@ -217,7 +222,9 @@ class MySQLDatabase(ServerDatabase):
     def _describe(exc: BaseException) -> str:
         return _describe(exc)
 
-    def _convert(self, exc: pymysql.err.MySQLError, *, own: bool = True) -> DatabaseError:
+    def _convert(
+        self, exc: pymysql.err.MySQLError, *, own: bool = True, timeouts: bool = True
+    ) -> DatabaseError:
         """The error to raise for ``exc``; ``own``: one of batchrun's statements, whose
         missing table means a database not migrated (a job's is the job's mistake)."""
         text = self._masked(exc)
@@ -228,7 +235,7 @@ class MySQLDatabase(ServerDatabase):
                 f"database {self.url} is missing batchrun's tables ({text}): "
                 "run `batchrun db migrate`"
             )
-        if _code(exc) in _CONFLICT or (own and _code(exc) in _TIMED_OUT):
+        if _code(exc) in _CONFLICT or (own and timeouts and _code(exc) in _TIMED_OUT):
             return LockTimeoutError(f"database {self.url}: {text}")
         if _code(exc) in _NOT_ONLINE:
             return NotOnlineError(text)
@@ -236,7 +243,7 @@ class MySQLDatabase(ServerDatabase):
 
     async def run_step(self, statement: Statement) -> None:
         sql, args = self.queries.compile_text(statement.text, statement.text, {})
-        await self._run(sql, args, fetch=False)
+        await self._run(sql, args, fetch=False, timeouts=False)  # DDL cut short: told
 
     async def estimate_rows(self, table: str) -> int | None:
         """InnoDB's own estimate (information_schema TABLES.TABLE_ROWS): no table scan."""

@@ -21,6 +21,7 @@ from batchrun.errors import (
     DatabaseError,
     LockTimeoutError,
     NotMigratedError,
+    OutcomeUnknownError,
     StatementError,
 )
 from batchrun.urls import mask_text, mask_url, split
@@ -36,10 +37,19 @@ _LOCK_NOT_AVAILABLE = "55P03"
 # Deadlock, serialization failure, lock_timeout: the server rolled the statement back, so
 # it goes again.
 _CONFLICT = {"40P01", "40001", _LOCK_NOT_AVAILABLE}
-# A statement_timeout (or a cancel) of the database's own setting, shorter than the lock
-# wait: rolled back as well. batchrun's own statement goes again as for a conflict (an
-# outcome write given up would leave emails sent and not recorded); a job's is its error.
+# A statement_timeout of the database's own setting, shorter than the lock wait: rolled
+# back as well (a cancel someone asked for is not taken for one: see _timed_out).
+# batchrun's own statement goes again as for a conflict (an outcome write given up would
+# leave emails sent and not recorded); a job's is its error, and a migration step's.
 _CANCELED = "57014"
+
+
+def _timed_out(exc: asyncpg.PostgresError) -> bool:
+    """A statement_timeout, not a cancel someone asked for (``pg_cancel_backend``, whose
+    57014 says "user request")."""
+    return exc.sqlstate == _CANCELED and "statement timeout" in str(exc)
+
+
 STEP_TRIES = 3  # a migration step that rebuilds an index, on a lock wait: in all
 # A lost connection (a terminated backend, a dropped socket, asyncpg's protocol left in a
 # state it cannot leave): batchrun's own statement goes again on a fresh connection, as on
@@ -159,6 +169,7 @@ class PostgreSQLDatabase(ServerDatabase):
         fetch: bool,
         rerun: bool = True,
         conflict_tries: int = CONFLICT_TRIES,
+        timeouts: bool = True,
     ) -> tuple[int, list[Row], list[str], bool]:
         lost = conflicts = 0
         while True:
@@ -185,12 +196,11 @@ class PostgreSQLDatabase(ServerDatabase):
                     _discard(conn)
                     lost = await self._after_lost(exc, lost, rerun=rerun)
                     continue
-                if (code in _CONFLICT or (rerun and code == _CANCELED)) and (
-                    conflicts < conflict_tries
-                ):
+                timed_out = rerun and timeouts and _timed_out(exc)
+                if (code in _CONFLICT or timed_out) and conflicts < conflict_tries:
                     conflicts = await self._after_conflict(conflicts)
                     continue
-                raise self._convert(exc, own=rerun) from exc
+                raise self._convert(exc, own=rerun, timeouts=timeouts) from exc
             except (asyncpg.InterfaceError, _InternalClientError, OSError) as exc:
                 if not _client_lost(exc):
                     raise DatabaseError(f"database {self.url}: {self._masked(exc)}") from exc
@@ -205,7 +215,9 @@ class PostgreSQLDatabase(ServerDatabase):
     def _describe(exc: BaseException) -> str:
         return _describe(exc)
 
-    def _convert(self, exc: asyncpg.PostgresError, *, own: bool = True) -> DatabaseError:
+    def _convert(
+        self, exc: asyncpg.PostgresError, *, own: bool = True, timeouts: bool = True
+    ) -> DatabaseError:
         """The error to raise for ``exc``; ``own``: one of batchrun's statements, whose
         missing table means a database not migrated (a job's is the job's mistake)."""
         text = self._masked(exc)
@@ -216,7 +228,7 @@ class PostgreSQLDatabase(ServerDatabase):
                 f"database {self.url} is missing batchrun's tables ({text}): "
                 "run `batchrun db migrate`"
             )
-        if exc.sqlstate in _CONFLICT or (own and exc.sqlstate == _CANCELED):
+        if exc.sqlstate in _CONFLICT or (own and timeouts and _timed_out(exc)):
             return LockTimeoutError(f"database {self.url}: {text}")
         return DatabaseError(f"database {self.url}: {text}")
 
@@ -252,21 +264,29 @@ class PostgreSQLDatabase(ServerDatabase):
             try:
                 for i, part in enumerate(parts):
                     try:
-                        # A concurrent build never again on its own: one that waited out
-                        # its lock leaves an INVALID index, which IF NOT EXISTS takes as built.
-                        tries = 0 if "CONCURRENTLY" in part.upper() else CONFLICT_TRIES
-                        await self._run(part, (), fetch=False, conflict_tries=tries)
+                        await self._step_statement(part)
                     except DatabaseError:
                         if i > 0 and rebuilds:
                             with contextlib.suppress(DatabaseError):
                                 await self._run(parts[0], (), fetch=False)
                         raise
                 return
-            except LockTimeoutError:
+            except (LockTimeoutError, OutcomeUnknownError):
                 if not rebuilds or attempt == STEP_TRIES:
                     raise
                 # The whole step again (the INVALID index dropped first), after a pause.
                 await asyncio.sleep(0.5 * attempt)
+
+    async def _step_statement(self, sql: str) -> None:
+        """One statement of a migration step. A concurrent build never goes again on its
+        own, after a lock wait or a lost connection alike: one cut short leaves an INVALID
+        index, which ``IF NOT EXISTS`` would take as built (a step that opens with ``DROP
+        INDEX CONCURRENTLY IF EXISTS`` goes again whole, in ``run_step``). No statement
+        of a step is retried after the database's statement time limit or a cancel."""
+        if "CONCURRENTLY" in sql.upper():
+            await self._run(sql, (), fetch=False, rerun=False, conflict_tries=0)
+        else:
+            await self._run(sql, (), fetch=False, timeouts=False)
 
     async def estimate_rows(self, table: str) -> int | None:
         """The planner's estimate (pg_class.reltuples): no table scan; None before the

@@ -686,3 +686,16 @@ def test_mask_text_never_raises_and_split_says_which_url() -> None:
     with pytest.raises(ConfigError, match=r"unusable URL 'mysql://u:\*\*\*@\[::1/app'") as caught:
         split(url)
     assert "Hunter3Secret" not in str(caught.value)
+
+
+def test_a_statement_timeout_is_told_from_a_cancel_someone_asked_for() -> None:
+    """Both are 57014 on PostgreSQL: only the database's time limit goes again as a lock
+    wait does; a DBA's ``pg_cancel_backend`` is not retried behind their back."""
+    import asyncpg
+
+    from batchrun.db.postgresql import _timed_out
+
+    canceled = asyncpg.exceptions.QueryCanceledError
+    assert _timed_out(canceled("canceling statement due to statement timeout"))
+    assert not _timed_out(canceled("canceling statement due to user request"))
+    assert not _timed_out(asyncpg.exceptions.LockNotAvailableError("lock timeout"))
