@@ -73,7 +73,11 @@ def split(url: str) -> SplitResult:
     try:
         return urlsplit(url)
     except ValueError as exc:
-        raise ConfigError(f"unusable URL {mask_url(url)!r}: {exc}") from None
+        # Its scheme and host part only, the password masked: a path or query may hold a
+        # key (a backend's URL), as ``shown`` has it.
+        head, sep, rest = mask_url(url).partition("://")
+        where = head + sep + rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+        raise ConfigError(f"unusable URL {where!r}: {exc}") from None
 
 
 def scheme_of(url: str) -> str:

@@ -683,9 +683,13 @@ def test_mask_text_never_raises_and_split_says_which_url() -> None:
     assert mask_text(f"cannot connect: Hunter3Secret at {url}", url) == (
         "cannot connect: *** at mysql://u:***@[::1/app"
     )
-    with pytest.raises(ConfigError, match=r"unusable URL 'mysql://u:\*\*\*@\[::1/app'") as caught:
+    with pytest.raises(ConfigError, match=r"unusable URL 'mysql://u:\*\*\*@\[::1'") as caught:
         split(url)
     assert "Hunter3Secret" not in str(caught.value)
+    # A backend's path and query may hold a key: neither is shown.
+    with pytest.raises(ConfigError) as caught:
+        split("https://[bad]/v1?api_key=sk_live_SECRET")
+    assert "sk_live_SECRET" not in str(caught.value) and "'https://[bad]'" in str(caught.value)
 
 
 def test_a_statement_timeout_is_told_from_a_cancel_someone_asked_for() -> None:
