@@ -43,7 +43,14 @@ from batchrun.policy.bugs import BugStreak
 from batchrun.policy.busy import busy_delay_s
 from batchrun.policy.pacing import CircuitBreaker, stopped_by_breaker
 from batchrun.policy.rate import AdaptiveRate
-from batchrun.queue.base import PoisonMessage, QueueMessage, Received, UnknownJob, backoff_s
+from batchrun.queue.base import (
+    PoisonMessage,
+    QueueMessage,
+    Received,
+    UnknownFormat,
+    UnknownJob,
+    backoff_s,
+)
 from batchrun.tasks.resend import LostTaskSweep
 from batchrun.tasks.store import TaskStore
 
@@ -155,6 +162,15 @@ class Consumer:
             delay = max(UNKNOWN_JOB_DELAY_S, self.w.settings.lease_s)
             found[item.message_id] = Disposition(
                 "later", str(exc), delay_s=delay, counted=False, unknown_job=exc.job
+            )
+            return None
+        except UnknownFormat as exc:
+            # Written by a newer batchrun (a rolling upgrade): kept for a process that
+            # reads it, never dead-lettered (a Lambda without a DLQ would drop it).
+            log.warning("message %s: %s: left on the queue", item.message_id, exc)
+            delay = max(UNKNOWN_JOB_DELAY_S, self.w.settings.lease_s)
+            found[item.message_id] = Disposition(
+                "later", str(exc), delay_s=delay, counted=False, keep=True, awaited=False
             )
             return None
         except PoisonMessage as exc:

@@ -29,6 +29,15 @@ class PoisonMessage(ValueError):
     """A queue message that can never be processed; carries the reason."""
 
 
+class UnknownFormat(PoisonMessage):
+    """A message of a newer format than this batchrun reads (``"v": 3``): it stays on the
+    queue for a process that reads it, as a message for an unknown job does."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"message format v{version}, newer than this batchrun reads (v1, v2)")
+        self.version = version
+
+
 class UnknownJob(PoisonMessage):
     """A well-formed message for a job this process does not know (``--jobs`` left it
     out): not poison for a process that knows the job, so it stays on the queue."""
@@ -103,12 +112,12 @@ class QueueMessage:
         if not isinstance(body, dict):
             raise PoisonMessage("body is not a JSON object")
         version = body.get("v", 2)
-        if not _is_int(version) or version not in (1, 2):
-            # A newer batchrun's format (or none): dead-lettered with the reason, to be
-            # redriven by a batchrun that reads it, never read as if it were this one.
-            raise PoisonMessage(
-                f"message format v{str(version)[:20]} is not one this batchrun reads (v1, v2)"
-            )
+        if not _is_int(version) or version < 1:
+            raise PoisonMessage(f"bad message format {str(version)[:20]!r}")
+        if version > 2:
+            # A newer batchrun's (a rolling upgrade): never read as if it were this one's,
+            # and not poison to the process that wrote it.
+            raise UnknownFormat(version)
         kind = body.get("kind")
         if kind not in KINDS:
             raise PoisonMessage(f"unknown kind {kind!r}")

@@ -63,8 +63,6 @@ def test_a_readable_message_for_a_known_job_is_worked() -> None:
         "not json",
         "{}",
         '{"v": 2, "kind": "retry"}',
-        # a newer batchrun's format was read as v2
-        '{"v": 99, "kind": "retry", "job": "birthday", "period": "2025-06", "id": 3}',
         '{"v": "2", "kind": "retry", "job": "birthday", "period": "2025-06", "id": 3}',
     ],
 )
@@ -72,6 +70,17 @@ def test_an_unreadable_message_is_poison(body: str) -> None:
     found: dict[str, Disposition] = {}
     assert consumer()._read(received(body), found) is None
     assert found["m1"].action == "poison" and found["m1"].reason.startswith("poison: ")
+
+
+def test_a_message_of_a_newer_format_is_kept_not_read_as_this_ones() -> None:
+    """``"v": 99`` was worked as a v2 message; dead-lettered, a Lambda without a DLQ
+    would drop it: it waits for a batchrun that reads it."""
+    found: dict[str, Disposition] = {}
+    body = '{"v": 99, "kind": "retry", "job": "birthday", "period": "2025-06", "id": 3}'
+    assert consumer()._read(received(body), found) is None
+    verdict = found["m1"]
+    assert (verdict.action, verdict.keep, verdict.counted) == ("later", True, False)
+    assert "v99, newer than this batchrun reads" in verdict.reason
 
 
 def test_a_message_for_an_unknown_job_stays_on_the_queue_uncounted() -> None:
