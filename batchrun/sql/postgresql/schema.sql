@@ -12,7 +12,8 @@ WHERE attrelid = to_regclass(quote_ident(:table)) AND attname = :item
 
 -- name: has_table
 SELECT COUNT(*) FROM pg_class
-WHERE oid = to_regclass(quote_ident(:table)) AND CAST(:item AS text) = '';
+WHERE oid = to_regclass(quote_ident(:table)) AND relkind IN ('r', 'p', 'v', 'm', 'f')
+  AND CAST(:item AS text) = '';
 
 -- name: has_index
 -- Only a VALID index counts: an interrupted CREATE INDEX CONCURRENTLY leaves an INVALID
@@ -37,14 +38,17 @@ INSERT INTO batchrun_schema (step, applied_at) VALUES (:step, :now) ON CONFLICT 
 EXPLAIN
 
 -- name: list_tables
-SELECT table_name FROM information_schema.tables
-WHERE table_schema = current_schema() AND table_type = 'BASE TABLE';
+-- The tables an unqualified name finds (pg_table_is_visible: first on the search_path),
+-- the system's own left out.
+SELECT c.relname FROM pg_class c
+WHERE c.relkind IN ('r', 'p') AND pg_table_is_visible(c.oid)
+  AND c.relnamespace NOT IN ('pg_catalog'::regnamespace, 'information_schema'::regnamespace);
 
 -- name: table_rows
 -- The row estimate `db migrate --plan` shows (the planner's statistics, not a scan; -1
 -- until the table was first vacuumed or analyzed).
 SELECT CAST(reltuples AS bigint) FROM pg_class
-WHERE relnamespace = current_schema()::regnamespace AND relname = :table AND relkind = 'r';
+WHERE oid = to_regclass(quote_ident(:table)) AND relkind IN ('r', 'p');
 
 -- name: threads_running
 -- What --max-db-load compares with its limit: statements the server is executing now
