@@ -11,6 +11,7 @@ cannot add a second one. A mail backend that does not answer before the run begi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -38,6 +39,8 @@ from batchrun.policy.pacing import BREAKER_REASON, CircuitBreaker
 from batchrun.queue.base import QueueMessage
 
 log = logging.getLogger(__name__)
+# How long a run that ends on an error tries to let go of what it never started.
+RELEASE_ON_ERROR_S = 10.0
 
 
 @dataclass
@@ -230,8 +233,10 @@ async def _run(
             # The run ends on this error: what it claimed and never started is let go of
             # now, not held until its lease ran out (a rerun waited), and left_pending.
             if never_started:
-                with contextlib.suppress(Exception):  # the error that ended it is told
-                    await lease.release(scope, [i.id for i in never_started])
+                # One short try: the error that ended the run is the one told, and soon.
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(RELEASE_ON_ERROR_S):
+                        await lease.release(scope, [i.id for i in never_started])
                     summary.left_pending += len(never_started)
             raise
         await applier.close()
