@@ -113,11 +113,18 @@ async def handle_sqs(
     return {"batchItemFailures": failures}, metrics
 
 
-def _kept(items: list[Received], reason: str, delay_s: float) -> dict[str, Disposition]:
-    """Each record left on the queue for ``delay_s``, no receive counted against it."""
+def _kept(items: list[Received], reason: str, lease_s: float) -> dict[str, Disposition]:
+    """Each record left on the queue, no receive counted against it: back after a lease,
+    doubling with each receive up to eight (15 s, 30, 60, 120 at the default lease), so
+    a long outage does not invoke the function for every batch every lease."""
     return {
         item.message_id: Disposition(
-            "later", reason, delay_s=delay_s, counted=False, keep=True, awaited=False
+            "later",
+            reason,
+            delay_s=lease_s * 2 ** min(max(item.receive_count - 1, 0), 3),
+            counted=False,
+            keep=True,
+            awaited=False,
         )
         for item in items
     }
