@@ -197,13 +197,16 @@ def main_options(
     _setup_logging(verbose)
 
 
+_PLAIN_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
+
 class _PlainHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """One line per record on whatever ``sys.stderr`` is now: for cron logs, pipes and
     ``grep``, where rich would wrap a record at 80 columns."""
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        self.setFormatter(logging.Formatter(_PLAIN_FORMAT))
 
     def emit(self, record: logging.LogRecord) -> None:
         self.stream = sys.stderr
@@ -221,9 +224,12 @@ def _setup_logging(verbose: int) -> None:
         )
     for handler in root.handlers:
         if isinstance(handler, RichHandler | _PlainHandler):
-            handler.filters = [f for f in handler.filters if not isinstance(f, _NoTraceback)]
-            if verbose == 0:
-                handler.addFilter(_NoTraceback())
+            # Without -v a record's exception is its one line; -v shows the frames.
+            handler.setFormatter(
+                (_OneLine if verbose == 0 else logging.Formatter)(
+                    "%(message)s" if isinstance(handler, RichHandler) else _PLAIN_FORMAT
+                )
+            )
     # -vv is batchrun's own debug; the drivers' (aiosqlite logs every statement) only at -vvv.
     root.setLevel(min(level, logging.INFO) if verbose < 3 else level)
     logging.getLogger("batchrun").setLevel(level)
@@ -238,18 +244,23 @@ def _setup_logging(verbose: int) -> None:
         logging.getLogger(name).setLevel(max(level, logging.INFO))
 
 
-class _NoTraceback(logging.Filter):
-    """Without -v, a record's exception is its one line, not its traceback (a driver's
-    pool warning, a second worker's failure): -v shows the frames."""
+class _OneLine(logging.Formatter):
+    """A record with its exception's one line after the message, not its traceback (a
+    driver's pool warning, a second worker's failure). The record itself is left as it
+    is, for any other handler."""
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None:
-            exc = record.exc_info[1]
-            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
-            record.args = ()
-            record.exc_info = None
-            record.exc_text = None
-        return True
+    def format(self, record: logging.LogRecord) -> str:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None:
+            return super().format(record)
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info = record.exc_text = record.stack_info = None
+        try:
+            text = super().format(record)
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+        said = " ".join(str(exc).split())  # one line, whatever the exception's text
+        return f"{text}: {type(exc).__name__}: {said}" if said else f"{text}: {type(exc).__name__}"
 
 
 class _ShownUrls(logging.Filter):
