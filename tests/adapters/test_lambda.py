@@ -17,7 +17,7 @@ from support.aws_server import MotoServer, aws_client, make_queue_with_dlq
 from support.birthday import card_counts, eligible_ids, seed_users
 from support.checks import assert_one_card_and_one_email_each
 from support.db import query
-from support.lambda_context import FakeContext, drain_as_sqs_events
+from support.lambda_context import FakeContext, as_sqs_event, drain_as_sqs_events
 from support.ports import free_port
 from support.smtp_server import SmtpTestServer
 
@@ -214,19 +214,7 @@ def test_sqs_invocations_while_the_mail_server_is_down_dead_letter_nothing(
         if not got:
             continue
         seen += 1
-        event = {
-            "Records": [
-                {
-                    "messageId": m["MessageId"],
-                    "receiptHandle": m["ReceiptHandle"],
-                    "body": m["Body"],
-                    "attributes": m.get("Attributes", {}),
-                    "eventSource": "aws:sqs",
-                }
-                for m in got
-            ]
-        }
-        result = aws_lambda.handle(event, FakeContext(30), environ=down)
+        result = aws_lambda.handle(as_sqs_event(got), FakeContext(30), environ=down)
         # Every record a failure: the event source mapping deletes none of them.
         assert len(result["batchItemFailures"]) == len(got), result
     assert seen >= 6, "the kept continuation came back, its delay doubling from a lease"

@@ -20,6 +20,22 @@ class FakeContext:
         return max(0, int((self.deadline - time.monotonic()) * 1000))
 
 
+def as_sqs_event(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The event the SQS event source mapping makes of ``receive_message``'s messages."""
+    return {
+        "Records": [
+            {
+                "messageId": m["MessageId"],
+                "receiptHandle": m["ReceiptHandle"],
+                "body": m["Body"],
+                "attributes": m.get("Attributes", {}),
+                "eventSource": "aws:sqs",
+            }
+            for m in messages
+        ]
+    }
+
+
 def drain_as_sqs_events(
     sqs: Any, queue_url: str, environ: dict[str, str], seconds: float
 ) -> list[dict[str, Any]]:
@@ -44,18 +60,7 @@ def drain_as_sqs_events(
                 return results
             time.sleep(0.2)
             continue
-        event = {
-            "Records": [
-                {
-                    "messageId": m["MessageId"],
-                    "receiptHandle": m["ReceiptHandle"],
-                    "body": m["Body"],
-                    "attributes": m.get("Attributes", {}),
-                    "eventSource": "aws:sqs",
-                }
-                for m in got
-            ]
-        }
+        event = as_sqs_event(got)
         started = time.monotonic()
         result = aws_lambda.handle(event, FakeContext(seconds), environ=environ)
         assert time.monotonic() - started < seconds, "returned after its deadline"
