@@ -46,6 +46,7 @@ async def dry_run(
             return
         after = rows[-1]["id"]
         in_range = [r for r in rows if r["id"] <= until]
+        past_range = len(in_range) < len(rows)  # before finished ones are left out
         if not fresh:
             in_range = unfinished(
                 in_range, await w.store.claims_of(scope, [r["id"] for r in in_range])
@@ -58,5 +59,5 @@ async def dry_run(
         summary.skipped += len(addresses) - len(valid) + sum(1 for a in valid if a in suppressed)
         if options.on_progress:
             options.on_progress(Progress("done", len(in_range)))
-        if len(in_range) < len(rows) or stop.stopping:
+        if past_range or stop.stopping:
             return

@@ -585,3 +585,19 @@ def test_no_help_page_shows_a_bool_value(command: list[str]) -> None:
     result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     assert "--help" in result.output and "<bool>" not in result.output, result.output
+
+
+def test_a_dry_run_of_a_month_begun_counts_what_is_left(env: dict[str, str]) -> None:
+    """After a run with --limit, the dry run stopped at the first page holding a finished
+    entity: it said 0 eligible while status said the rest was pending."""
+    migrate_and_seed(env, users=3000, seed=3)
+    first = invoke("birthday", "--month", "2025-06", "--limit", "60", "--page-size", "50", env=env)
+    assert first.exit_code == 0, text(first)
+    status = invoke("status", "--month", "2025-06", "--json", env=env)
+    pending = json.loads(status.stdout)["pending"]
+    assert pending > 0
+    dry = invoke(
+        "birthday", "--month", "2025-06", "--dry-run", "--json", "--page-size", "50", env=env
+    )
+    assert dry.exit_code == 0, text(dry)
+    assert json.loads(dry.stdout)["eligible"] == pending
