@@ -40,7 +40,9 @@ _CONFLICT = {1213, _LOCK_WAIT_TIMEOUT}
 # The server's statement time limit (MariaDB's max_statement_time, MySQL's
 # max_execution_time), when shorter than the lock wait: the statement was undone as well.
 # batchrun's own goes again as for a conflict; a job's is its error.
-_TIMED_OUT = {1969, 3024}
+# KILL QUERY (1317, "Query execution was interrupted") undoes the statement alike; a
+# DBA's kill of one statement should not end a run and leave its emails unrecorded.
+_TIMED_OUT = {1969, 3024, 1317}
 # A batchrun statement waits at most this long for a row lock, then goes again (three tries
 # in all): well under the 15 s lease, so a heartbeat or outcome write held up by another
 # session's lock fails in time for the run to notice (the fence in pipeline/lease.py),

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import subprocess
@@ -225,6 +226,60 @@ def test_a_statement_timeout_shorter_than_the_lock_wait_does_not_end_the_run(
     assert max(per_user.values()) == 1, "no email sent twice"
     assert set(per_user) <= want
     assert_one_card_each(server_url, set(per_user))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_dbas_kill_query_on_a_waiting_statement_does_not_end_the_run(
+    mysql_url: str, smtp_server: SmtpTestServer
+) -> None:
+    """KILL QUERY (1317) of batchrun's outcome write, waiting on a row another session
+    holds: the run ended with exit 1 and emails sent and not recorded. The killed
+    statement was undone, so it goes again, as a lock wait does."""
+    env = cli_env(mysql_url, smtp_server.url, BATCHRUN_LEASE_S="15")
+    seeded(mysql_url, env, 3000)
+    database = urlsplit(mysql_url).path.lstrip("/")
+    want = want_ids(mysql_url)
+    smtp_server.set_latency(0.05)
+    kills: list[int] = []
+    done = threading.Event()
+
+    def kill_waiting() -> None:
+        with mysql_connect(mysql_url) as conn, conn.cursor() as cur:
+            while not done.wait(0.3):
+                cur.execute(
+                    "SELECT id FROM information_schema.processlist WHERE db = %s AND "
+                    "command = 'Query' AND time >= 1 AND info LIKE 'UPDATE%%'",
+                    (database,),
+                )
+                for (pid,) in cur.fetchall():
+                    with contextlib.suppress(Exception):
+                        cur.execute(f"KILL QUERY {int(pid)}")
+                        kills.append(int(pid))
+
+    run = spawn(
+        "birthday", "--month", "2025-06", "--concurrency", str(CONCURRENCY), "--json",
+        env=env, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    killer = threading.Thread(target=kill_waiting)
+    try:
+        assert wait_until(lambda: len(smtp_server.messages) >= 20, timeout=30, step=0.01)
+        killer.start()
+        hold_row(mysql_url, 2 * CONCURRENCY, 6.0)
+        code, data, err = finished(run)
+    finally:
+        done.set()
+        if killer.is_alive():
+            killer.join()
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert kills, "a waiting statement was killed"
+    assert code in (0, 3) and "error" not in data, f"exit {code}: {err}"
+    rerun = run_cli("birthday", "--month", "2025-06", "--json", env=env, timeout=120)
+    assert rerun.returncode in (0, 3), rerun.stderr
+    per_user = smtp_server.sends_per_user(2025)
+    assert max(per_user.values()) == 1 and set(per_user) <= want
 
 
 def lock_table(url: str, table: str, seconds: float, taken: threading.Event) -> None:
