@@ -55,8 +55,13 @@ _NOT_ONLINE = {1845, 1846}
 # Single autocommit statements need no snapshot: READ COMMITTED takes no gap locks, so
 # concurrent runs and the heartbeat block each other less. MariaDB names the variable
 # tx_isolation (transaction_isolation only from 11.1), MySQL 8 transaction_isolation.
+# lock_wait_timeout bounds a wait for a table's metadata lock (the server's default is a
+# day): an ALTER of `db migrate` behind another session's open transaction made every
+# statement of the application on that table queue behind it meanwhile; now it gives up
+# after LOCK_WAIT_S (1205, a conflict: tried again, then one line).
 _SESSION = (
     f"SET @@SESSION.{{var}} = 'READ-COMMITTED', @@SESSION.innodb_lock_wait_timeout = {LOCK_WAIT_S}"
+    f", @@SESSION.lock_wait_timeout = {LOCK_WAIT_S}"
 )
 _CONNECT = {2002, 2003, 1045, 1049, 2005}
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -278,3 +279,49 @@ def test_a_writer_never_waits_half_a_second_while_migrate_runs(mysql_url: str) -
     assert "VIRTUAL" in schema_of(mysql_url)["user"]
     rows = query(mysql_url, "SELECT COUNT(*) FROM `user`")[0][0]
     assert rows == STALL_ROWS + writer.loops  # every INSERT of the writer landed
+
+
+def test_a_step_behind_an_open_transaction_gives_up_instead_of_stalling_the_table(
+    mysql_url: str,
+) -> None:
+    """Another session's transaction open on gift_card (a metadata lock): the ALTER of
+    `db migrate` waited for it up to the server's lock_wait_timeout (a day), and every
+    statement of the application on the table queued behind the ALTER meanwhile. It
+    waits 2 s a try now, then stops with one line, the transaction still open."""
+    app_user_table(mysql_url, 100)
+    query(
+        mysql_url,
+        "CREATE TABLE gift_card (id BIGINT AUTO_INCREMENT PRIMARY KEY, recipient_email "
+        "VARCHAR(255) NOT NULL, message VARCHAR(255) NOT NULL, status SMALLINT NOT NULL "
+        "DEFAULT 1, scheduled_at DATETIME NOT NULL, gift_code VARCHAR(32) NOT NULL)",
+    )
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        conn = mysql_connect(mysql_url)
+        try:
+            conn.begin()
+            with conn.cursor() as cur:
+                cur.execute("SELECT COUNT(*) FROM gift_card")
+                cur.fetchall()
+            holding.set()
+            release.wait(60)
+            conn.rollback()
+        finally:
+            conn.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        stopped = migrate(mysql_url)
+        still_open = not release.is_set()
+    finally:
+        release.set()
+        holder.join()
+    assert stopped.exit_code == 1 and still_open, stopped.output
+    assert "Lock wait timeout" in stopped.stderr and "Traceback" not in stopped.stderr
+    assert len(stopped.stderr.strip().splitlines()) == 1, stopped.stderr
+    done = migrate(mysql_url)
+    assert done.exit_code == 0, done.output
+    assert "idempotency_key" in {r[0] for r in query(mysql_url, "SHOW COLUMNS FROM gift_card")}
