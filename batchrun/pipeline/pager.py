@@ -12,14 +12,21 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import random
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from batchrun.db.base import Database
-from batchrun.db.store import FINAL_STATES, LOCK_PATIENCE_S, MAX_ID, Claim, Scope, Store
+from batchrun.db.store import (
+    FINAL_STATES,
+    LOCK_PATIENCE_S,
+    MAX_ID,
+    Claim,
+    Scope,
+    Store,
+    patiently,
+)
 from batchrun.errors import (
     BatchrunError,
     JobError,
@@ -50,28 +57,17 @@ async def again_after_lost(
     statement itself is never re-run alone. A lock on the application's own tables (its
     migration, a long transaction) delays the run; it ended it after some 8 s. The wait
     ends early when ``stopping()`` says so (a signal, the Lambda's deadline)."""
-    tries = waits = 0
-    locked_since: float | None = None
+    tries = 0
     while True:
         try:
-            return await call()
+            # A lock wait, as batchrun's own writes wait one out (``patiently``).
+            return await patiently(what, call, patience_s=LOCK_PATIENCE_S, stopping=stopping)
         except OutcomeUnknownError as exc:
             tries += 1
             if tries > ASK_AGAIN:
                 raise
             log.warning("%s lost its database connection; asking again: %s", what, exc)
             await asyncio.sleep(0.1 * 2**tries)
-        except LockTimeoutError as exc:
-            now = time.monotonic()
-            if locked_since is None:
-                locked_since = now
-                log.warning("%s waits for a lock another session holds: %s", what, exc)
-            elif now - locked_since >= LOCK_PATIENCE_S:
-                raise
-            if stopping is not None and stopping():
-                raise
-            waits += 1
-            await asyncio.sleep(min(5.0, 0.1 * 2 ** min(waits, 6)) * random.uniform(0.5, 1.0))
 
 
 def _stopping(ctx: Context) -> Callable[[], bool] | None:
