@@ -107,7 +107,8 @@ def main_options(
             envvar="BATCHRUN_DB",
             show_default="sqlite:///batchrun.db",
             help="mysql://user:pass@host:port/db, postgresql://user:pass@host:port/db "
-            "or sqlite:///path",
+            "or sqlite:///path; on a server ?reply_timeout=S (default 60, 0 never) closes a "
+            "connection whose statement gets no reply that long",
         ),
     ] = None,
     mail: Annotated[

@@ -13,7 +13,7 @@ import pymysql
 
 from batchrun.db.base import Row
 from batchrun.db.ddl import NotOnlineError
-from batchrun.db.server import CONFLICT_TRIES, ServerDatabase
+from batchrun.db.server import CONFLICT_TRIES, ReplyDeadline, ServerDatabase, reply_timeout
 from batchrun.db.sql import Queries, Statement
 from batchrun.errors import (
     ConfigError,
@@ -137,6 +137,7 @@ class MySQLDatabase(ServerDatabase):
     async def open(cls, url: str, queries: Queries, *, pool_size: int = 4) -> MySQLDatabase:
         """Connect a pool of up to ``pool_size`` connections to ``url``."""
         parts = split(url)
+        reply_timeout(url)  # a bad one refused before connecting
         database = parts.path.lstrip("/")
         if not database:
             raise ConfigError(f"database URL {mask_url(url)!r} names no database")
@@ -189,6 +190,7 @@ class MySQLDatabase(ServerDatabase):
         fetch: bool,
         rerun: bool = True,
         timeouts: bool = True,
+        deadline: bool = True,
     ) -> tuple[int, list[Row], list[str], bool]:
         lost = conflicts = 0
         while True:
@@ -198,6 +200,7 @@ class MySQLDatabase(ServerDatabase):
                 # Nothing was sent: any statement may go again on the next connection.
                 lost = await self._after_lost(exc, lost, rerun=True)
                 continue
+            silence = ReplyDeadline(self.reply_timeout_s if deadline else None, conn.close)
             try:
                 async with conn.cursor(QuietCursor) as cur:
                     await cur.execute(sql, args)
@@ -206,9 +209,9 @@ class MySQLDatabase(ServerDatabase):
                     return cur.rowcount, rows, names, lost > 0
             except pymysql.err.MySQLError as exc:
                 code = _code(exc)
-                if code in _LOST:
+                if code in _LOST or silence.expired:
                     conn.close()
-                    lost = await self._after_lost(exc, lost, rerun=rerun)
+                    lost = await self._after_lost(silence.explained(exc), lost, rerun=rerun)
                     continue
                 timed_out = rerun and timeouts and code in _TIMED_OUT
                 if (code in _CONFLICT or timed_out) and conflicts < CONFLICT_TRIES:
@@ -220,9 +223,10 @@ class MySQLDatabase(ServerDatabase):
                 raise self._convert(exc, own=rerun, timeouts=timeouts) from exc
             except OSError as exc:
                 conn.close()
-                lost = await self._after_lost(exc, lost, rerun=rerun)
+                lost = await self._after_lost(silence.explained(exc), lost, rerun=rerun)
                 continue
             finally:
+                silence.cancel()
                 await self._pool.release(conn)
 
     @staticmethod
@@ -250,7 +254,8 @@ class MySQLDatabase(ServerDatabase):
 
     async def run_step(self, statement: Statement) -> None:
         sql, args = self.queries.compile_text(statement.text, statement.text, {})
-        await self._run(sql, args, fetch=False, timeouts=False)  # DDL cut short: told
+        # DDL cut short: told; and it may take long (a table copy): no reply deadline
+        await self._run(sql, args, fetch=False, timeouts=False, deadline=False)
 
     async def estimate_rows(self, table: str) -> int | None:
         """InnoDB's own estimate (information_schema TABLES.TABLE_ROWS): no table scan."""

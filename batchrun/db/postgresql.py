@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from urllib.parse import parse_qs, unquote
 import asyncpg
 
 from batchrun.db.base import Row
-from batchrun.db.server import CONFLICT_TRIES, ServerDatabase
+from batchrun.db.server import CONFLICT_TRIES, ReplyDeadline, ServerDatabase, reply_timeout
 from batchrun.db.sql import Queries, Statement
 from batchrun.errors import (
     ConfigError,
@@ -98,6 +99,7 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
 def connection_options(url: str) -> dict[str, Any]:
     """asyncpg's connect arguments for ``postgresql://user:pass@host:port/db?...``."""
     parts = split(url)
+    reply_timeout(url)  # a bad one refused before connecting
     database = unquote(parts.path.lstrip("/"))
     if not database:
         raise ConfigError(f"database URL {mask_url(url)!r} names no database")
@@ -170,6 +172,7 @@ class PostgreSQLDatabase(ServerDatabase):
         rerun: bool = True,
         conflict_tries: int = CONFLICT_TRIES,
         timeouts: bool = True,
+        deadline: bool = True,
     ) -> tuple[int, list[Row], list[str], bool]:
         lost = conflicts = 0
         while True:
@@ -183,6 +186,9 @@ class PostgreSQLDatabase(ServerDatabase):
             except OSError as exc:
                 lost = await self._after_lost(exc, lost, rerun=True)
                 continue
+            silence = ReplyDeadline(
+                self.reply_timeout_s if deadline else None, functools.partial(_discard, conn)
+            )
             try:
                 if fetch:
                     records = await conn.fetch(sql, *args)
@@ -192,9 +198,9 @@ class PostgreSQLDatabase(ServerDatabase):
                 return _rowcount(status), [], [], lost > 0
             except asyncpg.PostgresError as exc:
                 code = exc.sqlstate or ""
-                if _is_lost(code):
+                if _is_lost(code) or silence.expired:
                     _discard(conn)
-                    lost = await self._after_lost(exc, lost, rerun=rerun)
+                    lost = await self._after_lost(silence.explained(exc), lost, rerun=rerun)
                     continue
                 timed_out = rerun and timeouts and _timed_out(exc)
                 if (code in _CONFLICT or timed_out) and conflicts < conflict_tries:
@@ -202,12 +208,13 @@ class PostgreSQLDatabase(ServerDatabase):
                     continue
                 raise self._convert(exc, own=rerun, timeouts=timeouts) from exc
             except (asyncpg.InterfaceError, _InternalClientError, OSError) as exc:
-                if not _client_lost(exc):
+                if not _client_lost(exc) and not silence.expired:
                     raise DatabaseError(f"database {self.url}: {self._masked(exc)}") from exc
                 _discard(conn)  # never back into the pool in a state it cannot leave
-                lost = await self._after_lost(exc, lost, rerun=rerun)
+                lost = await self._after_lost(silence.explained(exc), lost, rerun=rerun)
                 continue
             finally:
+                silence.cancel()
                 with contextlib.suppress(Exception):
                     await self._pool.release(conn)
 
@@ -268,7 +275,7 @@ class PostgreSQLDatabase(ServerDatabase):
                     except DatabaseError:
                         if i > 0 and rebuilds:
                             with contextlib.suppress(DatabaseError):
-                                await self._run(parts[0], (), fetch=False)
+                                await self._run(parts[0], (), fetch=False, deadline=False)
                         raise
                 return
             except (LockTimeoutError, OutcomeUnknownError):
@@ -284,9 +291,9 @@ class PostgreSQLDatabase(ServerDatabase):
         INDEX CONCURRENTLY IF EXISTS`` goes again whole, in ``run_step``). No statement
         of a step is retried after the database's statement time limit or a cancel."""
         if "CONCURRENTLY" in sql.upper():
-            await self._run(sql, (), fetch=False, rerun=False, conflict_tries=0)
+            await self._run(sql, (), fetch=False, rerun=False, conflict_tries=0, deadline=False)
         else:
-            await self._run(sql, (), fetch=False, timeouts=False)
+            await self._run(sql, (), fetch=False, timeouts=False, deadline=False)
 
     async def estimate_rows(self, table: str) -> int | None:
         """The planner's estimate (pg_class.reltuples): no table scan; None before the

@@ -8,6 +8,11 @@ lost reply and a lock conflict.
   retried as a whole, its own keys making that safe.
 - **A lock conflict** (deadlock, lock wait timeout, serialization failure): the server
   rolled the statement back, so it goes again after a short pause, up to three times.
+- **No reply at all** (a network that drops packets without resetting the connection: a
+  partition, a failover whose old primary vanished): a statement still unanswered after
+  the URL's ``reply_timeout`` (seconds, default 60; 0: wait forever) has its connection
+  closed, and is then a lost connection as above. Without it, the run waited forever, and
+  its heartbeat, on another connection, kept its claims from every other run.
 """
 
 from __future__ import annotations
@@ -16,17 +21,76 @@ import asyncio
 import logging
 import random
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qs
 
 from batchrun.db.base import Database, Row
 from batchrun.db.sql import Queries
-from batchrun.errors import DatabaseError, OutcomeUnknownError
-from batchrun.urls import mask_text, mask_url
+from batchrun.errors import ConfigError, DatabaseError, OutcomeUnknownError
+from batchrun.urls import mask_text, mask_url, split
 
 log = logging.getLogger(__name__)
 
 LOST_TRIES = 3
 CONFLICT_TRIES = 3
+# Seconds a statement waits for its reply before its connection is closed: far above any
+# statement of batchrun's own (their lock waits end after 2 s) and a job's page should take.
+REPLY_TIMEOUT_S = 60.0
+
+
+def reply_timeout(url: str) -> float | None:
+    """The URL's ``reply_timeout`` in seconds (default ``REPLY_TIMEOUT_S``; 0: None, no limit).
+
+    Raises:
+        ConfigError: not a number of at least 0.
+    """
+    raw = parse_qs(split(url).query).get("reply_timeout", [""])[0]
+    if raw == "":
+        return REPLY_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds < 1e9:
+        raise ConfigError(
+            f"database URL {mask_url(url)!r} has a bad reply_timeout "
+            "(seconds, a number of at least 0; 0 waits forever)"
+        )
+    return seconds or None
+
+
+class ReplyDeadline:
+    """Closes a connection whose statement has had no reply for ``seconds``: the pending read
+    then fails as a lost connection does, and ``expired`` tells the two apart."""
+
+    __slots__ = ("_handle", "expired", "seconds")
+
+    def __init__(self, seconds: float | None, close: Callable[[], object]) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self._handle = (
+            None
+            if seconds is None
+            else asyncio.get_running_loop().call_later(seconds, self._expire, close)
+        )
+
+    def _expire(self, close: Callable[[], object]) -> None:
+        self.expired = True
+        log.warning("database: no reply in %g s; closing the connection", self.seconds)
+        close()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+
+    def explained(self, exc: BaseException) -> BaseException:
+        """``exc``, or when the deadline closed the connection, an error that says so."""
+        if not self.expired:
+            return exc
+        silent = TimeoutError(f"no reply in {self.seconds:g} s (the URL's reply_timeout)")
+        silent.__cause__ = exc
+        return silent
 
 
 class ServerDatabase(Database):
@@ -36,6 +100,7 @@ class ServerDatabase(Database):
         super().__init__(queries)
         self._raw_url = url
         self.url = mask_url(url)
+        self.reply_timeout_s = reply_timeout(url)
 
     @abstractmethod
     async def _run(

@@ -113,3 +113,65 @@ def test_a_lone_run_whose_finish_reply_is_lost_reports_no_lost_claims(
     assert "taken over" not in run.stderr, run.stderr
     assert balances(server_url) == dict.fromkeys(range(1, 51), 10)
     assert [(r[1], r[2]) for r in ledger(server_url)] == [(1, None)] * 50
+
+
+# -- no reply at all: the connection stays open, the reply never comes -----------------------
+
+
+def silent_url(proxy: TcpProxy, server_url: str) -> str:
+    """The proxy's URL with a short reply deadline (the default is 60 s)."""
+    return proxy.url_for(server_url) + "?reply_timeout=2"
+
+
+def test_batchrun_s_own_statement_that_never_gets_a_reply_goes_again_after_reply_timeout(
+    server_url: str, proxy: TcpProxy, tmp_path: Path
+) -> None:
+    """A finish whose reply never comes, on a connection that stays open (a network that
+    drops packets without a reset): the run waited forever, its heartbeat keeping its claims
+    from every other run, and SIGTERM did not end it. Now the connection is closed after
+    the URL's reply_timeout and the finish goes again on another one."""
+    accounts(server_url, 50)
+    migrated = cli(server_url, tmp_path, "db", "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    proxy.silence(b"attempts = attempts + 1")
+
+    run = cli(silent_url(proxy, server_url), tmp_path, "run", "credit", "--period", MONTH, "--json")
+    assert proxy.silenced == 1, "the proxy silenced a finish's connection"
+    data = summary(run)
+    assert run.returncode == 0, run.stderr
+    assert (data["succeeded"], data["failed"], data["lost_claims"]) == (50, 0, 0), data
+    assert "no reply in 2 s" in run.stderr, run.stderr
+    assert balances(server_url) == dict.fromkeys(range(1, 51), 10)
+    assert [(r[1], r[2]) for r in ledger(server_url)] == [(1, None)] * 50
+
+
+def test_a_job_statement_that_never_gets_a_reply_is_an_unknown_outcome_after_reply_timeout(
+    server_url: str, proxy: TcpProxy, tmp_path: Path
+) -> None:
+    """A job's statement without a reply is never run again alone: after reply_timeout its
+    outcome is unknown, as for a lost reply, and the entity goes to the retry queue."""
+    accounts(server_url, 5)
+    migrated = cli(server_url, tmp_path, "db", "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    proxy.silence(b"balance = balance + 10")
+
+    run = cli(silent_url(proxy, server_url), tmp_path, "run", "credit", "--period", MONTH, "--json")
+    assert proxy.silenced == 1
+    data = summary(run)
+    assert run.returncode == 3, run.stderr
+    assert (data["unknown_outcome"], data["queued_for_retry"], data["succeeded"]) == (1, 1, 4)
+    # Ran once (MariaDB: the statement went whole) or not at all (asyncpg waits for its
+    # Parse's reply before it sends the statement to run): never twice.
+    assert set(balances(server_url).values()) <= {0, 10}, balances(server_url)
+
+    retry = cli(silent_url(proxy, server_url), tmp_path, "retry", "--json")
+    assert retry.returncode == 0, retry.stderr
+    assert balances(server_url) == dict.fromkeys(range(1, 6), 10), "once after the retry"
+    assert [(r[1], r[2]) for r in ledger(server_url)] == [(1, None)] * 5
+
+
+def test_a_bad_reply_timeout_is_one_line_before_connecting(server_url: str, tmp_path: Path) -> None:
+    run = cli(server_url + "?reply_timeout=soon", tmp_path, "db", "migrate")
+    assert run.returncode == 2, run.stderr
+    assert "bad reply_timeout" in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr

@@ -14,6 +14,7 @@ statement reaches the server, or every connection at once::
         proxy.drop_reply(b"SET state", reply_contains=b"UPDATE", times=2)
         proxy.close_before(b"INSERT INTO account")      # never reaches the server
         proxy.drop_reply(b"batchrun_ledger", chance=0.05, times=20, seed=7)   # at random
+        proxy.silence(b"batchrun_ledger")               # no reply, ever; still connected
         proxy.close_all()                               # every connection, now
         assert proxy.dropped == 1
 
@@ -46,6 +47,7 @@ class _Rule:
     times: int
     reply_contains: bytes | None = None
     before: bool = False  # close before forwarding (the statement never reaches the server)
+    silent: bool = False  # keep the connection open and forward nothing back, ever
     chance: float = 1.0  # the share of matching statements the rule hits
 
 
@@ -54,6 +56,7 @@ class _Link:
     client: asyncio.StreamWriter
     server: asyncio.StreamWriter
     armed: bytes | None = None  # drop the next server chunk containing this (b"": any)
+    silent: bool = False  # the server's replies are swallowed; the connection stays open
 
 
 class TcpProxy:
@@ -65,6 +68,7 @@ class TcpProxy:
         self.port = 0
         self.dropped = 0  # replies dropped
         self.closed_before = 0  # statements cut off before the server saw them
+        self.silenced = 0  # connections silenced
         self.connections = 0  # client connections accepted
         self._rules: list[_Rule] = []
         self._links: set[_Link] = set()
@@ -133,6 +137,15 @@ class TcpProxy:
         with self._lock:
             self._rules.append(_Rule(marker, times, before=True))
 
+    def silence(self, marker: bytes, *, times: int = 1) -> None:
+        """The next ``times`` statements containing ``marker`` reach the server, and from
+        then on nothing the server sends on their connections reaches the client, which
+        stays connected: a network that blackholes packets (a partition, a failover whose
+        old primary vanished) rather than resetting the connection. Only ``close_all``
+        or ``stop`` ends such a connection."""
+        with self._lock:
+            self._rules.append(_Rule(marker, times, silent=True))
+
     def clear(self) -> None:
         """Forget every rule not used up yet."""
         with self._lock:
@@ -200,7 +213,10 @@ class TcpProxy:
                     self.closed_before += 1
                     _close(link)
                     return
-                if rule is not None:
+                if rule is not None and rule.silent:
+                    link.silent = True
+                    self.silenced += 1
+                elif rule is not None:
                     link.armed = rule.reply_contains or b""
                 link.server.write(data)
                 await link.server.drain()
@@ -209,6 +225,8 @@ class TcpProxy:
     async def _server_to_client(self, reader: asyncio.StreamReader, link: _Link) -> None:
         with contextlib.suppress(OSError):
             while data := await reader.read(CHUNK):
+                if link.silent:
+                    continue  # heard by no one
                 armed = link.armed
                 if armed is not None and armed in data:
                     self.dropped += 1  # the server answered; the client never hears it
