@@ -254,8 +254,10 @@ class MySQLDatabase(ServerDatabase):
 
     async def run_step(self, statement: Statement) -> None:
         sql, args = self.queries.compile_text(statement.text, statement.text, {})
-        # DDL cut short: told; and it may take long (a table copy): no reply deadline
-        await self._run(sql, args, fetch=False, timeouts=False, deadline=False)
+        # Cut short (a KILL, a lost connection, the statement time limit): never issued
+        # again, as a DBA who killed a long ALTER meant it; and it may take long (a table
+        # copy): no reply deadline.
+        await self._run(sql, args, fetch=False, rerun=False, timeouts=False, deadline=False)
 
     async def estimate_rows(self, table: str) -> int | None:
         """InnoDB's own estimate (information_schema TABLES.TABLE_ROWS): no table scan."""

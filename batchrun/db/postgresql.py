@@ -22,7 +22,6 @@ from batchrun.errors import (
     DatabaseError,
     LockTimeoutError,
     NotMigratedError,
-    OutcomeUnknownError,
     StatementError,
 )
 from batchrun.urls import mask_text, mask_url, split
@@ -263,7 +262,9 @@ class PostgreSQLDatabase(ServerDatabase):
         A step that opens with ``DROP INDEX CONCURRENTLY IF EXISTS`` runs it again when a
         later statement fails: a failed concurrent build (duplicate keys, a lock timeout)
         leaves an INVALID index that writes would still maintain, and a failed unique one
-        would still refuse duplicates.
+        would still refuse duplicates. Such a step goes again whole after a lock wait;
+        after a lost connection (``pg_terminate_backend``, a network fault) no step does:
+        someone may have stopped it on purpose, and ``db migrate`` again finishes it.
         """
         parts = [p for p in _STATEMENT_END.split(statement.text + "\n") if p.strip()]
         rebuilds = _DROP_INDEX.match(parts[0]) is not None
@@ -278,22 +279,22 @@ class PostgreSQLDatabase(ServerDatabase):
                                 await self._run(parts[0], (), fetch=False, deadline=False)
                         raise
                 return
-            except (LockTimeoutError, OutcomeUnknownError):
+            except LockTimeoutError:
                 if not rebuilds or attempt == STEP_TRIES:
                     raise
                 # The whole step again (the INVALID index dropped first), after a pause.
                 await asyncio.sleep(0.5 * attempt)
 
     async def _step_statement(self, sql: str) -> None:
-        """One statement of a migration step. A concurrent build never goes again on its
-        own, after a lock wait or a lost connection alike: one cut short leaves an INVALID
-        index, which ``IF NOT EXISTS`` would take as built (a step that opens with ``DROP
-        INDEX CONCURRENTLY IF EXISTS`` goes again whole, in ``run_step``). No statement
-        of a step is retried after the database's statement time limit or a cancel."""
+        """One statement of a migration step. None goes again after a lost connection,
+        the database's statement time limit or a cancel. A concurrent build does not
+        after a lock wait either: one cut short leaves an INVALID index, which ``IF NOT
+        EXISTS`` would take as built (a step that opens with ``DROP INDEX CONCURRENTLY IF
+        EXISTS`` goes again whole, in ``run_step``)."""
         if "CONCURRENTLY" in sql.upper():
             await self._run(sql, (), fetch=False, rerun=False, conflict_tries=0, deadline=False)
         else:
-            await self._run(sql, (), fetch=False, timeouts=False, deadline=False)
+            await self._run(sql, (), fetch=False, rerun=False, timeouts=False, deadline=False)
 
     async def estimate_rows(self, table: str) -> int | None:
         """The planner's estimate (pg_class.reltuples): no table scan; None before the

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 from batchrun.db import ddl
 from batchrun.db.base import Database, now_ms
 from batchrun.db.sql import Statement, migration_steps
-from batchrun.errors import NotMigratedError
+from batchrun.errors import DatabaseError, NotMigratedError, OutcomeUnknownError
 
 if TYPE_CHECKING:
     from batchrun.job import Job
@@ -100,6 +100,17 @@ class Schema:
         if name in self.python_steps:
             await getattr(self, self.python_steps[name][0])()
             return
+        try:
+            await self._run_sql_step(name, step, allow_locking=allow_locking)
+        except OutcomeUnknownError as exc:
+            # Its connection was lost (a KILL, a terminated backend, the network): a long
+            # ALTER a DBA killed would otherwise start over at once, from scratch.
+            raise DatabaseError(
+                f"migration step {name} was cut off ({exc}); it is not run again in case "
+                "someone stopped it on purpose: `batchrun db migrate` again finishes it"
+            ) from exc
+
+    async def _run_sql_step(self, name: str, step: Statement, *, allow_locking: bool) -> None:
         try:
             await self.db.run_step(step)
         except ddl.NotOnlineError as exc:
