@@ -198,6 +198,7 @@ def retry(
         stop = engine.StopToken()
         uninstall = engine.install_signal_handlers(asyncio.get_running_loop(), stop)
         remaining: int | None = None  # the queue's depth, when the drain ends on an error
+        reached = RetrySummary()  # what the drain did, should it end on an error
         try:
             async with open_backends(
                 settings,
@@ -212,15 +213,18 @@ def retry(
                         options = Options(
                             concurrency=concurrency, rate=pace, on_progress=record.progress()
                         )
-                        result = await runtime.retry(options, max_messages=max_messages)
+                        result = await runtime.retry(
+                            options, max_messages=max_messages, result=reached
+                        )
                         code = 130 if stop.stopping else result.exit_code
                         await record.end(code, result.to_json(), stopped=stop.reason)
                 except Exception:
                     remaining = await _depth(backends.queue)
                     raise
         except Exception as exc:
-            if as_json:  # the drain ended on an error: still its whole summary (the line follows)
-                ended = RetrySummary(duration_s=time.monotonic() - began).to_json()
+            if as_json:  # the drain ended on an error: what it did (the line follows)
+                reached.duration_s = time.monotonic() - began
+                ended = reached.to_json()
                 ended["remaining"] = remaining
                 print(json.dumps({**ended, "error": error_text(context, exc)}))
             raise

@@ -233,15 +233,20 @@ class Runtime:
         return dispositions
 
     async def retry(
-        self, options: Options | None = None, *, max_messages: int = 10_000
+        self,
+        options: Options | None = None,
+        *,
+        max_messages: int = 10_000,
+        result: RetrySummary | None = None,
     ) -> RetrySummary:
-        """Drain the queue once: redo each entity, delete successes, back off the rest."""
+        """Drain the queue once: redo each entity, delete successes, back off the rest;
+        counted into ``result`` if given (what a drain an error ended had done)."""
         options = options or Options()
         assert self.queue is not None and self.mailer is not None
         queue = self.queue
         started = time.monotonic()
         await self.preflight()
-        result = RetrySummary()
+        result = RetrySummary() if result is None else result
         backends = self.effects.backends.snapshot()
         result.requeued = await self.requeue_unqueued()
         visibility = max(60.0, self.settings.lease_s * 4)

@@ -26,6 +26,23 @@ class Broken(batchrun.Job):
         pass
 
 
+# Every entity fails its run; on the retry, entity 15 drops the queue's table, so the
+# drain ends on an error after its first batch (ids 1-10) succeeded.
+class Drained(batchrun.Job):
+
+    name = "drained"
+    period = "month"
+
+    async def page(self, ctx, after, limit):
+        return [{"id": i} for i in range(after + 1, min(after + limit, 30) + 1)]
+
+    async def process(self, ctx, row):
+        if ctx.env.get("FAIL_ALL"):
+            raise batchrun.Retry("not yet")
+        if row["id"] == 15:
+            await ctx.db.execute("DROP TABLE batchrun_queue")
+
+
 class Unordered(batchrun.Job):
     name = "unordered"
     period = "month"
@@ -76,3 +93,22 @@ def test_a_run_ending_on_an_error_prints_one_line_and_its_json(
     verbose = run_cli("-v", "run", job, "--period", "2025-07", env=env)
     assert verbose.returncode == 1
     assert "Traceback" in verbose.stderr
+
+
+def test_a_retry_ending_on_an_error_still_counts_what_it_did(env: dict[str, str]) -> None:
+    """Its JSON said 0 succeeded, though it had finished the entities of its first batch."""
+    base = {**env, "BATCHRUN_RETRY_BASE_S": "0"}
+    failed = run_cli(
+        "run", "drained", "--period", "2025-06", "--json", env={**base, "FAIL_ALL": "1"}
+    )
+    assert failed.returncode == 3, failed.stderr
+    assert json.loads(failed.stdout)["queued_for_retry"] == 30
+
+    drained = run_cli("retry", "--concurrency", "1", "--json", env=base)
+    assert drained.returncode == 1, drained.stderr
+    assert "batchrun_queue" in drained.stderr, drained.stderr
+    data = json.loads(drained.stdout)
+    assert "error" in data, data
+    assert data["succeeded"] >= 10, data
+    assert data["processed"] >= data["succeeded"], data
+    assert data["duration_s"] > 0, data
