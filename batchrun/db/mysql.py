@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -49,6 +50,7 @@ _TIMED_OUT = {1969, 3024, 1317}
 # instead of waiting 50 s while its claims expire.
 LOCK_WAIT_S = 2
 _UNKNOWN_VARIABLE = 1193
+KILL_TIMEOUT_S = 5.0  # the most a cancelled statement's KILL QUERY may take
 # The server refuses a stated ALGORITHM= or LOCK= (ER_ALTER_OPERATION_NOT_SUPPORTED and
 # its _REASON variant): the change cannot be made online.
 _NOT_ONLINE = {1845, 1846}
@@ -225,9 +227,30 @@ class MySQLDatabase(ServerDatabase):
                 conn.close()
                 lost = await self._after_lost(silence.explained(exc), lost, rerun=rerun)
                 continue
+            except asyncio.CancelledError:
+                # Ctrl-C, an abort: the server would go on with the statement (a migration's
+                # ALTER for minutes, after `db migrate` said it stopped). asyncpg cancels its
+                # own; here the statement is killed from another connection.
+                conn.close()
+                await self._kill_query(conn.thread_id())
+                raise
             finally:
                 silence.cancel()
                 await self._pool.release(conn)
+
+    async def _kill_query(self, thread_id: int) -> None:
+        """``KILL QUERY`` the statement a connection given up on still runs (a few seconds
+        at most; an error is only logged: the statement may have ended already)."""
+        try:
+            async with asyncio.timeout(KILL_TIMEOUT_S):
+                conn = await self._pool.acquire()
+                try:
+                    async with conn.cursor() as cur:
+                        await cur.execute(f"KILL QUERY {int(thread_id)}")
+                finally:
+                    await self._pool.release(conn)
+        except (pymysql.err.MySQLError, OSError, TimeoutError) as exc:
+            log.debug("statement of connection %s not killed: %s", thread_id, exc)
 
     @staticmethod
     def _describe(exc: BaseException) -> str:

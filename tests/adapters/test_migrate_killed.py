@@ -1,4 +1,5 @@
-"""A migration step someone kills is not run again: `db migrate` stops with one line.
+"""A migration step someone kills is not run again: `db migrate` stops with one line; one
+Ctrl-C stops the step on the server too.
 
 A DBA who kills a long ALTER of `db migrate` (MariaDB's ``KILL``, PostgreSQL's
 ``pg_terminate_backend``) means it: batchrun took the lost connection for a network fault
@@ -9,11 +10,16 @@ it; MariaDB and PostgreSQL.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
-from support.cli import run_cli
+from support import ROOT
+from support.cli import run_cli, wait_until
 from support.db import query
 
 APP_TABLES = {
@@ -130,3 +136,65 @@ def test_a_killed_alter_of_db_migrate_is_not_issued_again(server_url: str, tmp_p
         f"AND table_schema = {schema}",
     )
     assert "idempotency_key" in {str(r[0]).lower() for r in columns}
+
+
+SLOW_JOB = """
+import batchrun
+
+
+class Slow(batchrun.Job):
+    name = "slow"
+    period = "month"
+    sql = batchrun.SqlFolder.beside(__file__)
+
+    async def page(self, ctx, after, limit):
+        return []
+
+    async def process(self, ctx, row):
+        pass
+"""
+# A step as long as a big table's ALTER, as far as the client can tell.
+SLOW_STEP = {"mysql": "SELECT SLEEP(30)", "postgresql": "SELECT pg_sleep(30)"}
+RUNNING = {
+    "mysql": "SELECT id FROM information_schema.processlist WHERE info LIKE %s "
+    "AND db = DATABASE() AND id <> CONNECTION_ID()",
+    "postgresql": "SELECT pid FROM pg_stat_activity WHERE query LIKE %s "
+    "AND datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()",
+}
+
+
+def test_ctrl_c_during_a_migration_step_stops_it_on_the_server_too(
+    server_url: str, tmp_path: Path
+) -> None:
+    """`db migrate` said "aborted" at once, and MariaDB went on with the step (a table's
+    ALTER for minutes) on a connection nobody held any more."""
+    dialect = "postgresql" if server_url.startswith("postgres") else "mysql"
+    step = SLOW_STEP[dialect]
+    (tmp_path / "slow.py").write_text(SLOW_JOB)
+    folder = tmp_path / "sql" / dialect
+    folder.mkdir(parents=True)
+    (folder / "slow.sql").write_text(
+        f"-- name: migrate_0001_slow\n-- unless: table slow_done\n{step};\n"
+    )
+    full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")}
+    full.update({"BATCHRUN_DB": server_url, "BATCHRUN_JOBS": str(tmp_path / "slow.py")})
+    process = subprocess.Popen(
+        [sys.executable, "-m", "batchrun", "db", "migrate"],
+        env=full,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert wait_until(
+            lambda: bool(query(server_url, RUNNING[dialect], f"%{step}%")), timeout=20
+        )
+        process.send_signal(signal.SIGINT)  # one Ctrl-C
+        _, err = process.communicate(timeout=20)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert wait_until(lambda: not query(server_url, RUNNING[dialect], f"%{step}%"), timeout=3), (
+        "the step goes on on the server"
+    )
