@@ -48,10 +48,17 @@ def origin(url: str) -> str:
     return head + (f":{port}" if port else "")
 
 
+# The last path segment a failure reason may show: a name, as endpoints have ("charges",
+# "sendMessage", "Messages.json", "v2"), short, without digits but a version's, and with
+# few capitals. A webhook's secret is often exactly that segment (Slack's 24 random
+# characters, Discord's 68): one that is not such a name shows as "…".
+_ENDPOINT_NAME = re.compile(r"[A-Za-z][A-Za-z._-]{0,19}[0-9]{0,2}")
+
+
 def shown(url: str) -> str:
     """``url`` as a log line or a stored failure reason may show it: its ``origin`` and
-    the last segment of its path (the endpoint a job called). No user, password, other
-    path segments, query or fragment: any of them may hold a key."""
+    the last segment of its path when it is a plain name (the endpoint a job called). No
+    user, password, other path segments, query or fragment: any of them may hold a key."""
     try:
         urlsplit(url).port  # noqa: B018 (a port that is not a number raises here)
     except ValueError:  # that, or not a URL urlsplit reads (an unclosed '['): nothing shown
@@ -60,7 +67,10 @@ def shown(url: str) -> str:
     segments = [s for s in urlsplit(url).path.split("/") if s]
     if not segments:
         return head
-    return head + ("/" if len(segments) == 1 else "/…/") + segments[-1]
+    last = segments[-1]
+    if not _ENDPOINT_NAME.fullmatch(last) or sum(map(str.isupper, last)) > 3:
+        return head + "/…"
+    return head + ("/" if len(segments) == 1 else "/…/") + last
 
 
 def split(url: str) -> SplitResult:

@@ -211,6 +211,24 @@ def test_mask_url_without_password_is_unchanged(url: str) -> None:
         ("https://api.example.com/?key=K3y", "https://api.example.com"),
         ("http://[::1]:8080/a/b", "http://[::1]:8080/…/b"),
         ("http://host:99x/K3y", "http://?"),
+        # a webhook's secret is its last segment: a segment that is no plain name is not shown
+        (
+            "https://hooks.slack.com/services/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",
+            "https://hooks.slack.com/…",
+        ),
+        (
+            "https://discord.com/api/webhooks/1234567890/x7Gq-2Lk_9PwZr4TvN8mYc1Hb6DsJf3QaR5eUo0KiW",
+            "https://discord.com/…",
+        ),
+        ("https://hooks.example.com/kQxZrLmPvTyWbNcHds", "https://hooks.example.com/…"),
+        ("https://api.example.com/users/123456", "https://api.example.com/…"),
+        ("https://hooks.example.com/a1b2c3d4e5", "https://hooks.example.com/…"),
+        (
+            "https://api.example.com/2010-04-01/Messages.json",
+            "https://api.example.com/…/Messages.json",
+        ),
+        ("https://api.example.com/bot/sendMessage", "https://api.example.com/…/sendMessage"),
+        ("https://api.example.com/v2", "https://api.example.com/v2"),
     ],
 )
 def test_shown_keeps_the_origin_and_the_endpoint_only(url: str, expected: str) -> None:
