@@ -41,12 +41,14 @@ APP_TABLES = {
         "VARCHAR(32) NOT NULL)",
     ),
 }
-# The sessions running an ALTER of gift_card, but the one asking.
+# The sessions running an ALTER of gift_card in this test's database (never another
+# test's, which runs beside it), but the one asking.
 ALTERS = {
     "mysql": "SELECT id FROM information_schema.processlist WHERE info LIKE "
-    "'ALTER TABLE%%gift_card%%' AND id <> CONNECTION_ID()",
+    "'ALTER TABLE%%gift_card%%' AND db = DATABASE() AND id <> CONNECTION_ID()",
     "postgresql": "SELECT pid FROM pg_stat_activity WHERE query ILIKE "
-    "'ALTER TABLE%%gift_card%%' AND state = 'active' AND pid <> pg_backend_pid()",
+    "'ALTER TABLE%%gift_card%%' AND state = 'active' AND datname = current_database() "
+    "AND pid <> pg_backend_pid()",
 }
 KILL = {"mysql": "KILL CONNECTION %s", "postgresql": "SELECT pg_terminate_backend(%s)"}
 
