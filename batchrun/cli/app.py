@@ -107,8 +107,8 @@ def main_options(
             envvar="BATCHRUN_DB",
             show_default="sqlite:///batchrun.db",
             help="mysql://user:pass@host:port/db, postgresql://user:pass@host:port/db "
-            "or sqlite:///path; on a server ?reply_timeout=S (default 60, 0 never) closes a "
-            "connection whose statement gets no reply that long",
+            "or sqlite:///path; on a server ?reply_timeout=S (default 60, 0 never) drops a "
+            "connection whose statement is not answered in full that long",
         ),
     ] = None,
     mail: Annotated[

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import re
@@ -202,7 +203,9 @@ class MySQLDatabase(ServerDatabase):
                 # Nothing was sent: any statement may go again on the next connection.
                 lost = await self._after_lost(exc, lost, rerun=True)
                 continue
-            silence = ReplyDeadline(self.reply_timeout_s if deadline else None, conn.close)
+            silence = ReplyDeadline(
+                self.reply_timeout_s if deadline else None, functools.partial(_abort, conn)
+            )
             try:
                 async with conn.cursor(QuietCursor) as cur:
                     await cur.execute(sql, args)
@@ -213,6 +216,8 @@ class MySQLDatabase(ServerDatabase):
                 code = _code(exc)
                 if code in _LOST or silence.expired:
                     conn.close()
+                    if silence.expired:  # the server may still be at it: stop it there too
+                        await self._kill_query(conn.thread_id())
                     lost = await self._after_lost(silence.explained(exc), lost, rerun=rerun)
                     continue
                 timed_out = rerun and timeouts and code in _TIMED_OUT
@@ -223,8 +228,14 @@ class MySQLDatabase(ServerDatabase):
                     conflicts = await self._after_conflict(conflicts)
                     continue
                 raise self._convert(exc, own=rerun, timeouts=timeouts) from exc
-            except OSError as exc:
+            except Exception as exc:
+                # A lost socket (OSError), or the driver tripping over the connection the
+                # deadline closed under it (its reader gone: AttributeError).
+                if not isinstance(exc, OSError) and not silence.expired:
+                    raise
                 conn.close()
+                if silence.expired:  # the server may still be at it: stop it there too
+                    await self._kill_query(conn.thread_id())
                 lost = await self._after_lost(silence.explained(exc), lost, rerun=rerun)
                 continue
             except asyncio.CancelledError:
@@ -292,6 +303,15 @@ class MySQLDatabase(ServerDatabase):
     async def close(self) -> None:
         self._pool.close()
         await self._pool.wait_closed()
+
+
+def _abort(conn: aiomysql.Connection) -> None:
+    """Drop a connection at once: ``close`` would first wait for unsent bytes to drain,
+    which a silent network never lets happen."""
+    writer = conn._writer
+    if writer is not None:
+        writer.transport.abort()
+    conn.close()
 
 
 def _code(exc: BaseException) -> int | None:

@@ -212,6 +212,13 @@ class PostgreSQLDatabase(ServerDatabase):
                 _discard(conn)  # never back into the pool in a state it cannot leave
                 lost = await self._after_lost(silence.explained(exc), lost, rerun=rerun)
                 continue
+            except Exception as exc:
+                if not silence.expired:
+                    raise
+                # asyncpg tripping over the connection the deadline terminated under it
+                # (its protocol gone between prepare and execute: AttributeError)
+                lost = await self._after_lost(silence.explained(exc), lost, rerun=rerun)
+                continue
             finally:
                 silence.cancel()
                 with contextlib.suppress(Exception):
