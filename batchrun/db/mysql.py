@@ -172,10 +172,21 @@ class MySQLDatabase(ServerDatabase):
             "pool_recycle": 3600,
         }
         pool = None
+        # aiomysql's connect_timeout covers the TCP connect only: a server (or a proxy in
+        # front of it) that accepts and then says nothing held the login for good.
+        login_s = reply_timeout(url)
         for var in ("tx_isolation", "transaction_isolation"):
             try:
-                pool = await aiomysql.create_pool(**settings, init_command=_SESSION.format(var=var))
+                async with asyncio.timeout(login_s):
+                    pool = await aiomysql.create_pool(
+                        **settings, init_command=_SESSION.format(var=var)
+                    )
                 break
+            except TimeoutError as exc:
+                raise DatabaseError(
+                    f"cannot connect to {mask_url(url)}: no answer in {login_s:g} s "
+                    "(the URL's reply_timeout)"
+                ) from exc
             except (pymysql.err.MySQLError, OSError) as exc:
                 if _code(exc) == _UNKNOWN_VARIABLE and var == "tx_isolation":
                     continue
@@ -198,7 +209,16 @@ class MySQLDatabase(ServerDatabase):
         lost = conflicts = 0
         while True:
             try:
-                conn = await self._pool.acquire()
+                # A new connection's login is made while the pool is locked: one that gets
+                # no answer held every statement of the process.
+                async with asyncio.timeout(self.reply_timeout_s if deadline else None):
+                    conn = await self._pool.acquire()
+            except TimeoutError:
+                silent = TimeoutError(
+                    f"no connection in {self.reply_timeout_s:g} s (the URL's reply_timeout)"
+                )
+                lost = await self._after_lost(silent, lost, rerun=True)  # nothing was sent
+                continue
             except (pymysql.err.MySQLError, OSError) as exc:
                 # Nothing was sent: any statement may go again on the next connection.
                 lost = await self._after_lost(exc, lost, rerun=True)

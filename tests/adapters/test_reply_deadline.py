@@ -5,11 +5,14 @@ server too."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 import pytest
+from support.cli import run_cli
 from support.db import query
+from support.tcp_proxy import TcpProxy
 
 from batchrun.db.base import connect
 from batchrun.errors import DatabaseError
@@ -57,3 +60,36 @@ async def test_a_statement_cut_by_the_deadline_is_stopped_on_mariadb(mysql_url: 
         )
         time.sleep(0.1)
     assert sleeping == [], "the statements the deadline cut go on on the server"
+
+
+def test_a_login_that_gets_no_answer_is_one_line_not_a_hang(mysql_url: str) -> None:
+    """A proxy (or server) that takes the connection and then says nothing held aiomysql's
+    login for good: its connect_timeout covers the TCP connect only."""
+    with TcpProxy("127.0.0.1", 3306) as proxy:
+        proxy.silence(b"READ-COMMITTED")  # the session's init_command, at login
+        ran = run_cli("status", env={"BATCHRUN_DB": proxy.url_for(mysql_url) + "?reply_timeout=2"})
+    assert proxy.silenced == 1
+    assert ran.returncode == 1, ran.stderr
+    lines = ran.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no answer in 2 s" in lines[0], ran.stderr
+
+
+async def test_a_new_connection_whose_login_gets_no_answer_is_replaced(
+    mysql_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pool logs a new connection in while it is locked: one silent login held every
+    statement of the process. Now the wait ends after reply_timeout and the statement goes
+    on another connection."""
+    with TcpProxy("127.0.0.1", 3306) as proxy:
+        database = await connect(proxy.url_for(mysql_url) + "?reply_timeout=1")
+        try:
+            proxy.silence(b"READ-COMMITTED")  # the next connection's login
+            busy = asyncio.create_task(database.fetch_sql("SELECT SLEEP(0.5)", ()))
+            await asyncio.sleep(0.1)  # the first connection is taken: the next is new
+            rows = await asyncio.wait_for(database.fetch_sql("SELECT 41 + 1", ()), 20)
+            await busy
+        finally:
+            await database.close()
+    assert rows == [(42,)]
+    assert proxy.silenced == 1
+    assert "no connection in 1 s" in caplog.text
