@@ -276,8 +276,9 @@ class MySQLDatabase(ServerDatabase):
             async with asyncio.timeout(KILL_TIMEOUT_S):
                 conn = await self._pool.acquire()
                 try:
+                    sql, args = self.queries.compile("kill_query", {"thread": int(thread_id)})
                     async with conn.cursor() as cur:
-                        await cur.execute(f"KILL QUERY {int(thread_id)}")
+                        await cur.execute(sql, args)
                 finally:
                     await self._pool.release(conn)
         except Exception as exc:  # a pool closing, the server gone: the cancel goes on

@@ -83,6 +83,11 @@ WHERE table_schema = DATABASE() AND table_name = :table;
 -- What --max-db-load compares with its limit.
 SHOW GLOBAL STATUS LIKE 'Threads_running';
 
+-- name: kill_query
+-- Stops the statement of a connection batchrun gave up on (a cancel, its reply deadline):
+-- the server would go on with it.
+KILL QUERY :thread;
+
 -- name: migrate_0030_run
 -- unless: table batchrun_run
 -- Run history (see common/history.sql): one row per run, retry drain, worker process,
