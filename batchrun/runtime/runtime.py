@@ -4,8 +4,6 @@ and the Lambda. It knows no job; the CLI, the Lambda handler and the tests drive
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -21,9 +19,10 @@ from batchrun.mail.base import Mailer, Message
 from batchrun.period import Period
 from batchrun.pipeline.apply import Disposition
 from batchrun.pipeline.consume import Consumer
-from batchrun.pipeline.drain import requeue_unqueued, resend_lost_tasks, work_batch
+from batchrun.pipeline.drain import requeue_unqueued, resend_lost_tasks
 from batchrun.pipeline.engine import StopToken
 from batchrun.pipeline.fanout import fan_out, queue_entities
+from batchrun.pipeline.queue_loops import OUTAGE_BACKOFF_S, Chores, QueueLoop
 from batchrun.pipeline.reports import FanOut, RetrySummary, Summary
 from batchrun.pipeline.run import Options, hand_on, new_summary, run_period
 from batchrun.pipeline.wiring import Wiring
@@ -33,10 +32,6 @@ from batchrun.runtime import inspection, preflight
 from batchrun.settings import Settings
 
 log = logging.getLogger(__name__)
-
-IDLE_POLL_S = 0.5  # a worker's pause between empty receives (SQS long-polls on top)
-OUTAGE_BACKOFF_S = (1.0, 30.0)  # a worker's pause after the mail backend was unreachable
-REQUEUE_EVERY_S = 60.0  # how often a worker re-sends failures the queue did not take
 
 
 class Runtime:
@@ -241,45 +236,14 @@ class Runtime:
     ) -> RetrySummary:
         """Drain the queue once: redo each entity, delete successes, back off the rest;
         counted into ``result`` if given (what a drain an error ended had done)."""
-        options = options or Options()
         assert self.queue is not None and self.mailer is not None
-        queue = self.queue
         started = time.monotonic()
         await self.preflight()
         result = RetrySummary() if result is None else result
-        backends = self.effects.backends.snapshot()
-        result.requeued = await self.requeue_unqueued()
         visibility = max(60.0, self.settings.lease_s * 4)
-        received = 0
-        while received < max_messages and not self.stop.stopping:
-            items: list[Received] = []
-            want = min(max(options.concurrency, 10), max_messages - received)
-            while len(items) < want:
-                got = await queue.receive(
-                    max_messages=min(10, want - len(items)), visibility_s=visibility
-                )
-                if not got:
-                    break
-                items.extend(got)
-            if not items:
-                result.requeued += (resent := await self.resend_lost_tasks(queue))
-                if not resent:
-                    break
-                continue  # to work what was sent again
-            received += len(items)
-            broken = await self._settle(items, options, result, visibility)
-            if self.consumer.bugs.tripped is not None:
-                result.error = self.consumer.bugs.tripped
-                break
-            if broken:
-                # The mail backend is unreachable: the rest waits for a later drain,
-                # instead of burning its attempts against a backend that is down.
-                why = self.consumer.breaker.reason or "mail backend unreachable"
-                log.error("%s: the drain stops; run `batchrun retry` later", why)
-                break
-        depth, _ = await queue.depths()
-        result.remaining = depth
-        result.backends = self.effects.backends.figures(since=backends)
+        await self._loop(self.queue).drain(
+            options or Options(), result, max_messages=max_messages, visibility_s=visibility
+        )
         result.duration_s = time.monotonic() - started
         return result
 
@@ -302,7 +266,6 @@ class Runtime:
         polls on, so a supervisor never has to restart it; one at its start (the mail
         server or the queue failing their checks) makes it wait the same way.
         """
-        options = options or Options()
         started = time.monotonic()
         result = RetrySummary()
         checked = await preflight.wait_until_usable(
@@ -310,76 +273,19 @@ class Runtime:
         )
         if not checked:
             return result  # stopped while the mail server (or the queue) was down
-        backends = self.effects.backends.snapshot()
-        idle_since, requeued_at, outage = time.monotonic(), 0.0, 0
-        while not self.stop.stopping:
-            if time.monotonic() - requeued_at >= REQUEUE_EVERY_S:
-                result.requeued += await self.requeue_unqueued()
-                requeued_at = time.monotonic()
-            items = await queue.receive(max_messages=prefetch, visibility_s=visibility_s)
-            if not items:
-                # Nothing to give: a lost task nothing waits behind can be told (drain.py).
-                if resent := await self.resend_lost_tasks(queue):
-                    result.requeued += resent
-                    idle_since = time.monotonic()  # not idle: it works what it sent
-                    continue
-                # Idle: nothing received for idle_exit_s, and no task this worker put back
-                # to wait for its entity's turn is still to come back.
-                now = time.monotonic()
-                if (
-                    idle_exit_s is not None
-                    and now - idle_since >= idle_exit_s
-                    and now >= result.waiting_until
-                ):
-                    break
-                await self._sleep(IDLE_POLL_S)
-                continue
-            known, paused = set(result.unknown_jobs), result.paused
-            broken = await self._settle(items, options, result, visibility_s, queue=queue)
-            if result.paused - paused < len(items):  # a paused job's messages are no work
-                idle_since = time.monotonic()
-            if self.consumer.bugs.tripped is not None:
-                result.error = self.consumer.bugs.tripped  # like a crash: exit 1
-                break
-            for name in sorted(result.unknown_jobs - known):
-                log.warning(
-                    "messages for job %r, which this worker does not know, stay on the queue: "
-                    "give its module with --jobs",
-                    name,
-                )
-            if broken:
-                pause = min(OUTAGE_BACKOFF_S[1], OUTAGE_BACKOFF_S[0] * 2**outage)
-                outage += 1
-                why = self.consumer.breaker.reason or "mail backend unreachable"
-                log.warning("%s: the worker pauses %.0f s", why, pause)
-                await self._sleep(pause)
-                self.consumer.breaker.half_open()
-                self.effects.backends.half_open()
-            else:
-                outage = 0
-        result.remaining, _ = await queue.depths()
-        result.backends = self.effects.backends.figures(since=backends)
+        await self._loop(queue).serve(
+            options or Options(),
+            result,
+            prefetch=prefetch,
+            visibility_s=visibility_s,
+            idle_exit_s=idle_exit_s,
+        )
         result.duration_s = time.monotonic() - started
         return result
 
-    async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.stop.wait_stopping(), timeout=seconds)
-
-    async def _settle(
-        self,
-        items: list[Received],
-        options: Options,
-        result: RetrySummary,
-        visibility_s: float,
-        *,
-        queue: WorkQueue | None = None,
-    ) -> bool:
-        """Work on received messages, then settle each (``pipeline.drain.work_batch``);
-        whether the mail backend was found unreachable."""
-        queue = queue or self.queue
-        assert queue is not None
-        return await work_batch(self.consumer, queue, items, options, result, visibility_s)
+    def _loop(self, queue: WorkQueue) -> QueueLoop:
+        chores = Chores(self.requeue_unqueued, self.resend_lost_tasks)
+        return QueueLoop(self.consumer, queue, self.effects.backends, chores, self.stop)
 
     async def resend_lost_tasks(self, queue: WorkQueue, in_flight: int | None = None) -> int:
         """On an empty queue: the submitted tasks whose message was lost, sent again
