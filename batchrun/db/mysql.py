@@ -140,7 +140,9 @@ class MySQLDatabase(ServerDatabase):
     async def open(cls, url: str, queries: Queries, *, pool_size: int = 4) -> MySQLDatabase:
         """Connect a pool of up to ``pool_size`` connections to ``url``."""
         parts = split(url)
-        reply_timeout(url)  # a bad one refused before connecting
+        # aiomysql's connect_timeout covers the TCP connect only: a server (or a proxy in
+        # front of it) that accepts and then says nothing held the login for good.
+        login_s = reply_timeout(url)  # a bad one refused before connecting
         database = parts.path.lstrip("/")
         if not database:
             raise ConfigError(f"database URL {mask_url(url)!r} names no database")
@@ -172,9 +174,6 @@ class MySQLDatabase(ServerDatabase):
             "pool_recycle": 3600,
         }
         pool = None
-        # aiomysql's connect_timeout covers the TCP connect only: a server (or a proxy in
-        # front of it) that accepts and then says nothing held the login for good.
-        login_s = reply_timeout(url)
         for var in ("tx_isolation", "transaction_isolation"):
             try:
                 async with asyncio.timeout(login_s):
@@ -235,10 +234,7 @@ class MySQLDatabase(ServerDatabase):
             except pymysql.err.MySQLError as exc:
                 code = _code(exc)
                 if code in _LOST or silence.expired:
-                    conn.close()
-                    if silence.expired:  # the server may still be at it: stop it there too
-                        await self._kill_query(conn.thread_id())
-                    lost = await self._after_lost(silence.explained(exc), lost, rerun=rerun)
+                    lost = await self._give_up(conn, silence, exc, lost, rerun=rerun)
                     continue
                 timed_out = rerun and timeouts and code in _TIMED_OUT
                 if (code in _CONFLICT or timed_out) and conflicts < CONFLICT_TRIES:
@@ -253,10 +249,7 @@ class MySQLDatabase(ServerDatabase):
                 # deadline closed under it (its reader gone: AttributeError).
                 if not isinstance(exc, OSError) and not silence.expired:
                     raise
-                conn.close()
-                if silence.expired:  # the server may still be at it: stop it there too
-                    await self._kill_query(conn.thread_id())
-                lost = await self._after_lost(silence.explained(exc), lost, rerun=rerun)
+                lost = await self._give_up(conn, silence, exc, lost, rerun=rerun)
                 continue
             except asyncio.CancelledError:
                 # Ctrl-C, an abort: the server would go on with the statement (a migration's
@@ -268,6 +261,22 @@ class MySQLDatabase(ServerDatabase):
             finally:
                 silence.cancel()
                 await self._pool.release(conn)
+
+    async def _give_up(
+        self,
+        conn: aiomysql.Connection,
+        silence: ReplyDeadline,
+        exc: Exception,
+        lost: int,
+        *,
+        rerun: bool,
+    ) -> int:
+        """A connection lost, or silent past the deadline: closed, its statement killed on
+        the server if it may still run there; then what ``_after_lost`` says (the count)."""
+        conn.close()
+        if silence.expired:  # the server may still be at it: stop it there too
+            await self._kill_query(conn.thread_id())
+        return await self._after_lost(silence.explained(exc), lost, rerun=rerun)
 
     async def _kill_query(self, thread_id: int) -> None:
         """``KILL QUERY`` the statement a connection given up on still runs (a few seconds
