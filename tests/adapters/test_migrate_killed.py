@@ -20,7 +20,7 @@ from pathlib import Path
 
 from support import ROOT
 from support.cli import run_cli, wait_until
-from support.db import query
+from support.db import holding_a_transaction, query
 
 APP_TABLES = {
     "mysql": (
@@ -81,45 +81,14 @@ def test_a_killed_alter_of_db_migrate_is_not_issued_again(server_url: str, tmp_p
     dialect = "postgresql" if server_url.startswith("postgres") else "mysql"
     for statement in APP_TABLES[dialect]:
         query(server_url, statement)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:  # an application's transaction open on gift_card
-        if dialect == "postgresql":
-            from support.db import pg_connect
-
-            with pg_connect(server_url) as conn:
-                conn.execute("BEGIN")
-                conn.execute("SELECT COUNT(*) FROM gift_card")
-                holding.set()
-                release.wait(60)
-                conn.execute("ROLLBACK")
-            return
-        from support.db import mysql_connect
-
-        conn = mysql_connect(server_url)
-        try:
-            conn.begin()
-            with conn.cursor() as cur:
-                cur.execute("SELECT COUNT(*) FROM gift_card")
-                cur.fetchall()
-            holding.set()
-            release.wait(60)
-            conn.rollback()
-        finally:
-            conn.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
     killer = Killer(server_url, dialect)
-    try:
-        assert holding.wait(10)
+    with holding_a_transaction(server_url, "gift_card"):  # an application's
         killer.start()
-        stopped = run_cli("db", "migrate", env={"BATCHRUN_DB": server_url})
-    finally:
-        killer.done.set()
-        release.set()
-        holder.join()
-        killer.join()
+        try:
+            stopped = run_cli("db", "migrate", env={"BATCHRUN_DB": server_url})
+        finally:
+            killer.done.set()
+            killer.join()
 
     assert len(killer.killed) == 1, "the ALTER of gift_card was found and killed"
     assert killer.seen_after == set(), "the killed ALTER was issued again"

@@ -12,14 +12,13 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import Result
-from support.db import mysql_connect, query
+from support.db import holding_a_transaction, mysql_connect, query
 from typer.testing import CliRunner
 
 from batchrun.cli import app
@@ -295,30 +294,9 @@ def test_a_step_behind_an_open_transaction_gives_up_instead_of_stalling_the_tabl
         "VARCHAR(255) NOT NULL, message VARCHAR(255) NOT NULL, status SMALLINT NOT NULL "
         "DEFAULT 1, scheduled_at DATETIME NOT NULL, gift_code VARCHAR(32) NOT NULL)",
     )
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        conn = mysql_connect(mysql_url)
-        try:
-            conn.begin()
-            with conn.cursor() as cur:
-                cur.execute("SELECT COUNT(*) FROM gift_card")
-                cur.fetchall()
-            holding.set()
-            release.wait(60)
-            conn.rollback()
-        finally:
-            conn.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert holding.wait(10)
+    with holding_a_transaction(mysql_url, "gift_card") as release:
         stopped = migrate(mysql_url)
         still_open = not release.is_set()
-    finally:
-        release.set()
-        holder.join()
     assert stopped.exit_code == 1 and still_open, stopped.output
     assert "Lock wait timeout" in stopped.stderr and "Traceback" not in stopped.stderr
     assert len(stopped.stderr.strip().splitlines()) == 1, stopped.stderr

@@ -3,10 +3,13 @@ a digest of every row (tests only, synchronous)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import sqlite3
+import threading
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -130,3 +133,41 @@ def pg_sql(sql: str) -> str:
     sql = sql.replace("`", '"')
     sql = _PG_USER.sub(lambda m: f'{m[1]} "user"', sql)
     return re.sub(r"\bbirth_month\b", "EXTRACT(MONTH FROM date_of_birth)", sql)
+
+
+@contextlib.contextmanager
+def holding_a_transaction(url: str, table: str) -> Iterator[threading.Event]:
+    """An application's transaction open on ``table`` (MariaDB or PostgreSQL), from another
+    thread, for the block's duration (60 s at most); yields the event its end sets, so a
+    test can tell whether the transaction was still open."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        if url.startswith("postgres"):
+            with pg_connect(url) as pg:
+                pg.execute("BEGIN")
+                pg.execute(f"SELECT COUNT(*) FROM {table}")
+                holding.set()
+                release.wait(60)
+                pg.execute("ROLLBACK")
+            return
+        conn = mysql_connect(url)
+        try:
+            conn.begin()
+            with conn.cursor() as cur:
+                cur.execute(f"SELECT COUNT(*) FROM {table}")
+                cur.fetchall()
+            holding.set()
+            release.wait(60)
+            conn.rollback()
+        finally:
+            conn.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10), f"no transaction could be opened on {table}"
+        yield release
+    finally:
+        release.set()
+        holder.join()
