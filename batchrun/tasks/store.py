@@ -78,16 +78,25 @@ class TaskStore:
 
     async def add(self, job: str, entity_id: int, key: str, data: str) -> bool:
         """The submission's row, once its entity's turn row is there (``add_turns``);
-        False when its key was already submitted (nothing changes)."""
-        added = await self.db.execute(
-            "task_insert",
-            job=job,
-            key=key,
-            entity_id=entity_id,
-            data=data,
-            now=await self.clock.now_ms(),
+        False when its key was already submitted (nothing changes).
+
+        An insert whose reply was lost goes again, and finds the row its first run may
+        have written: that row is this submission's (same entity, never started, written
+        at this very millisecond), not an earlier one's, and its message is still to send.
+        """
+        now = await self.clock.now_ms()
+        added, reran = await self.db.execute_reran(
+            "task_insert", job=job, key=key, entity_id=entity_id, data=data, now=now
         )
-        return added > 0
+        if added > 0 or not reran:
+            return added > 0
+        row = (await self.submitted_many(job, [key])).get(key)
+        return (
+            row is not None
+            and row.entity_id == entity_id
+            and row.unstarted
+            and (row.created_at == now)
+        )
 
     async def withdraw(self, job: str, keys: list[str]) -> int:
         """Take back the submissions of ``keys`` (at most a few hundred) that no process

@@ -19,6 +19,7 @@ from support import ROOT
 from support.cli import run_cli
 from support.credit_job import CREDIT, TABLE
 from support.db import query
+from support.tasks import effects, migrate_task_jobs
 from support.tcp_proxy import TcpProxy
 
 JOB = str(ROOT / "tests" / "support" / "credit_job.py")
@@ -36,9 +37,9 @@ def dialect(url: str) -> str:
     return "postgresql" if url.startswith("postgres") else "mysql"
 
 
-def reply_tag(url: str) -> bytes | None:
-    """Which reply holds an UPDATE's result: asyncpg's second (after Parse, Describe)."""
-    return b"UPDATE" if dialect(url) == "postgresql" else None
+def reply_tag(url: str, tag: bytes = b"UPDATE") -> bytes | None:
+    """Which reply holds the statement's result: asyncpg's second (after Parse, Describe)."""
+    return tag if dialect(url) == "postgresql" else None
 
 
 def accounts(url: str, count: int) -> None:
@@ -113,6 +114,31 @@ def test_a_lone_run_whose_finish_reply_is_lost_reports_no_lost_claims(
     assert "taken over" not in run.stderr, run.stderr
     assert balances(server_url) == dict.fromkeys(range(1, 51), 10)
     assert [(r[1], r[2]) for r in ledger(server_url)] == [(1, None)] * 50
+
+
+def test_a_submit_whose_insert_reply_is_lost_still_queues_its_task(
+    server_url: str, proxy: TcpProxy
+) -> None:
+    """The submission's insert went again after its reply was lost, found the row its
+    first run had written, and took it for an earlier submission of the key: "submitted
+    before: nothing queued", and the task waited for the lost-task sweep (5 min)."""
+    env = migrate_task_jobs(server_url)
+    insert = b"INSERT IGNORE INTO" if dialect(server_url) == "mysql" else b"INSERT INTO"
+    proxy.drop_reply(
+        insert + b" batchrun_entity_task", reply_contains=reply_tag(server_url, b"INSERT")
+    )
+
+    env["BATCHRUN_DB"] = proxy.url_for(server_url)
+    sent = run_cli("submit", "steps", "--id", "3", "--key", "k1", "--json", env=env)
+    assert proxy.dropped == 1, "the proxy lost the insert's reply"
+    assert sent.returncode == 0, sent.stderr
+    assert json.loads(sent.stdout)["queued"] is True, sent.stdout
+    again = run_cli("submit", "steps", "--id", "3", "--key", "k1", "--json", env=env)
+    assert json.loads(again.stdout)["queued"] is False, "a second submission is a no-op"
+
+    served = run_cli("worker", "--idle-exit", "1", env=env, timeout=120)
+    assert served.returncode == 0, served.stderr
+    assert [r[1] for r in effects(server_url)] == ["k1"], "run once, without the sweep"
 
 
 # -- no reply at all: the connection stays open, the reply never comes -----------------------

@@ -107,20 +107,35 @@ def test_many_tasks_run_once_each_in_submission_order(db_url: str) -> None:
 async def test_a_queue_call_per_ten_and_a_statement_per_task(store: Any) -> None:
     queue = CountingQueue(LocalQueue(store.db))
     names: list[str] = []
-    execute = store.db.execute
+    execute, execute_reran = store.db.execute, store.db.execute_reran
+    inside: list[str] = []  # one calls the other (which, by database): one statement
 
     async def counted(name: str, **params: Any) -> int:
-        names.append(name)
-        return cast(int, await execute(name, **params))
+        if not inside:
+            names.append(name)
+        inside.append(name)
+        try:
+            return cast(int, await execute(name, **params))
+        finally:
+            inside.pop()
 
-    store.db.execute = counted
+    async def counted_reran(name: str, **params: Any) -> tuple[int, bool]:
+        if not inside:
+            names.append(name)
+        inside.append(name)
+        try:
+            return cast(tuple[int, bool], await execute_reran(name, **params))
+        finally:
+            inside.pop()
+
+    store.db.execute, store.db.execute_reran = counted, counted_reran
     tasks: list[tuple[object, object, object]] = [(n % 7 + 1, {"n": n}, f"k{n}") for n in range(25)]
     try:
         done = await submit_many(
             store.db, cast(WorkQueue, queue), StepsTask(), tasks, resend_after_s=300
         )
     finally:
-        store.db.execute = execute
+        store.db.execute, store.db.execute_reran = execute, execute_reran
     assert all(d.queued for d in done) and [len(s) for s in queue.sends] == [10, 10, 5]
     assert _keys(queue.sends) == [f"k{n}" for n in range(25)]
     # A row per task and the seven entities' turn rows at once; the rest is the table
