@@ -232,6 +232,8 @@ def _run_job(
                         if record is not None:
                             await record.end(code, summary.to_json(), stopped=summary.stopped)
         except Exception as exc:
+            if started:
+                _say_unrecorded(started[0])
             if as_json:  # what the run reached, and why it ended (the line follows)
                 if started:
                     reached = started[0]
@@ -273,6 +275,7 @@ def _run_job(
                 highlight=False,
                 soft_wrap=True,
             )
+        _say_unrecorded(summary)
         if summary.error is not None:
             stderr.print(f"[red]error:[/] {escape(summary.error)}", highlight=False, soft_wrap=True)
             return 1
@@ -372,6 +375,15 @@ def jobs(ctx: typer.Context, as_json: Json = False) -> None:
         return 0
 
     run_command(ctx, go)
+
+
+def _say_unrecorded(summary: Summary) -> None:
+    if summary.unrecorded:
+        stderr.print(
+            f"{summary.unrecorded} entities were worked but the run ended before their "
+            "outcome was recorded: a rerun works again any the ledger does not have",
+            highlight=False,
+        )
 
 
 def _say_why_failed(summary: Summary, status: str) -> None:

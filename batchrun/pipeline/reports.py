@@ -51,6 +51,9 @@ class Summary(_Report):
     lost_claims: int = 0  # entities whose claim another run took over (not done by this one)
     # entities whose job statement lost its reply (applied or not): retried as a whole
     unknown_outcome: int = 0
+    # entities worked (their effects done) whose outcome the run did not see written before
+    # it ended on an error or a stop: a rerun works again any the ledger does not have
+    unrecorded: int = 0
     continuation: bool = False  # the rest of the period was handed on through the queue
     stopped: str | None = None
     throttles: int = 0  # sends the provider throttled (slowed down and sent again)

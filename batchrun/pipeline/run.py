@@ -172,10 +172,12 @@ async def _run(
 
     busy: list[Item] = []  # released on a stop while their backend was busy
 
-    def counted(item: Item, outcome: Outcome) -> None:
+    def counted(item: Item, outcome: Outcome, recorded: bool) -> None:
         if outcome.busy:
             summary.left_pending += 1
             busy.append(item)
+        elif not recorded:
+            summary.unrecorded += 1  # the run ends on the error that kept it from the ledger
         elif outcome.state is State.SUCCEEDED:
             summary.succeeded += 1
             options.progress("done")

@@ -46,7 +46,7 @@ class EntityWorker:
         limiter: AdaptiveRate | None = None,
         policy: RetryPolicy | None = None,
         at_once: bool = True,
-        on_outcome: Callable[[Item, Outcome], None] | None = None,
+        on_outcome: Callable[[Item, Outcome, bool], None] | None = None,
         bugs: BugStreak | None = None,
         on_done: Callable[[Item], None] | None = None,
         busy_wait_s: float | None = None,
@@ -60,7 +60,7 @@ class EntityWorker:
         self.limiter = limiter
         self.policy = policy or RetryPolicy()  # resolved: the job's over the deployment's
         self.at_once = at_once  # a run's failures are retried at once; a consumer's back off
-        self.on_outcome = on_outcome
+        self.on_outcome = on_outcome  # told each outcome once written, or not (False)
         self.bugs = bugs  # the same error for many entities in a row stops the work
         self.on_done = on_done  # told when an item leaves the worker, worked or not
         # How long an entity waits for a busy backend (None: until it is free, a run's).
@@ -105,9 +105,13 @@ class EntityWorker:
         if outcome is not SUCCEEDED:  # the policy decides failures; a success stays one
             # The ledger counts attempts: the run's first one, then one per retry.
             outcome = self.policy.settle(outcome, item.attempts, at_once=self.at_once)
-        if self.on_outcome is not None:
-            self.on_outcome(item, outcome)
-        await self.applier.record(item, outcome)
+        recorded = False
+        try:
+            await self.applier.record(item, outcome)
+            recorded = True
+        finally:
+            if self.on_outcome is not None:
+                self.on_outcome(item, outcome, recorded)
 
     async def _process(self, item: Item) -> Outcome:
         patience = Patience(self.stop, self.busy_wait_s)

@@ -196,6 +196,29 @@ def test_a_job_statement_that_never_gets_a_reply_is_an_unknown_outcome_after_rep
     assert [(r[1], r[2]) for r in ledger(server_url)] == [(1, None)] * 5
 
 
+def test_a_run_the_database_stops_answering_counts_only_what_the_ledger_recorded(
+    server_url: str, proxy: TcpProxy, tmp_path: Path
+) -> None:
+    """The outcome writes never reach the database: the run ends on an error after its
+    tries. Its summary said `succeeded` for entities worked whose outcome was never
+    written (the ledger had fewer, and a rerun worked those again); now they are
+    `unrecorded`, and a line says a rerun works again what the ledger does not have."""
+    accounts(server_url, 5)
+    migrated = cli(server_url, tmp_path, "db", "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    proxy.close_before(b"attempts = attempts + 1", times=100)
+
+    url = proxy.url_for(server_url)
+    run = cli(url, tmp_path, "run", "credit", "--period", MONTH, "--concurrency", "1", "--json")
+    data = summary(run)
+    assert run.returncode == 1 and "error" in data, run.stderr
+    recorded = sum(1 for r in ledger(server_url) if r[1] == 1)
+    worked = sum(1 for b in balances(server_url).values() if b == 10)
+    assert (data["succeeded"], data["unrecorded"]) == (recorded, worked - recorded), data
+    assert data["unrecorded"] == 1, data
+    assert "1 entities were worked but the run ended before their outcome" in run.stderr
+
+
 def test_a_bad_reply_timeout_is_one_line_before_connecting(server_url: str, tmp_path: Path) -> None:
     run = cli(server_url + "?reply_timeout=soon", tmp_path, "db", "migrate")
     assert run.returncode == 2, run.stderr
