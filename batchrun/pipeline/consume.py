@@ -75,6 +75,8 @@ class Consumer:
         self._limiter: AdaptiveRate | None = None
         self._limiter_made = False
         self._lost_tasks: LostTaskSweep | None = None  # made with the first task message
+        # The jobs (and periods) whose messages it read: a drain's cancel names one of them.
+        self.named: set[Scope] = set()
 
     async def limiter(self, options: Options) -> AdaptiveRate | None:
         """One pacer for the consumer's life (``--rate``)."""
@@ -178,6 +180,7 @@ class Consumer:
             found[item.message_id] = Disposition("poison", f"poison: {exc}")
             return None
         period = None if message.kind == "entity_task" else message.period
+        self.named.add(Scope(message.job, "", period or ""))
         if self.w.steering.paused(message.job, period) is not None:
             # `batchrun pause`: no new work on the job; the message waits on the queue,
             # kept, whatever its kind: no attempt, and no receive an SQS redrive policy

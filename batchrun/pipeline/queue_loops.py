@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from batchrun.control.steering import Steering
 from batchrun.effects.backends import BackendPool
 from batchrun.pipeline.consume import Consumer
 from batchrun.pipeline.drain import work_batch
@@ -36,6 +37,7 @@ class Chores:
 
     requeue_unqueued: Callable[[], Awaitable[int]]
     resend_lost_tasks: Callable[[WorkQueue], Awaitable[int]]
+    read_controls: Callable[[], Awaitable[None]]  # pause and cancel (``Steering.refresh``)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class QueueLoop:
     backends: BackendPool
     chores: Chores
     stop: StopToken
+    steering: Steering
 
     async def drain(
         self,
@@ -59,11 +62,28 @@ class QueueLoop:
     ) -> RetrySummary:
         """Work what the queue holds once, up to ``max_messages``: delete successes, back
         off the rest; counted into ``result``. A mail outage ends it (the rest waits for a
-        later drain, instead of burning its attempts against a backend that is down)."""
+        later drain, instead of burning its attempts against a backend that is down).
+
+        A drain is a run going on: `batchrun cancel` of a job whose messages it worked,
+        given while it goes, stops it as Ctrl-C would (read before each batch, and at the
+        batch's heartbeats), the rest left on the queue."""
         backends = self.backends.snapshot()
+        done = self.steering.steer(self.stop, scopes=self.consumer.named)
+        try:
+            await self._drain(options, result, max_messages, visibility_s)
+        finally:
+            done()
+        return await self._close(result, backends)
+
+    async def _drain(
+        self, options: Options, result: RetrySummary, max_messages: int, visibility_s: float
+    ) -> None:
         result.requeued += await self.chores.requeue_unqueued()
         received = 0
         while received < max_messages and not self.stop.stopping:
+            await self.chores.read_controls()
+            if self.stop.stopping:
+                break  # cancelled
             want = min(max(options.concurrency, 10), max_messages - received)
             items = await self._receive_up_to(want, visibility_s)
             if not items:
@@ -82,7 +102,6 @@ class QueueLoop:
                 why = self.consumer.breaker.reason or "mail backend unreachable"
                 log.error("%s: the drain stops; run `batchrun retry` later", why)
                 break
-        return await self._close(result, backends)
 
     async def serve(
         self,
@@ -167,4 +186,5 @@ class QueueLoop:
     ) -> RetrySummary:
         result.remaining, _ = await self.queue.depths()
         result.backends = self.backends.figures(since=backends)
+        result.stopped = self.stop.reason if self.stop.stopping else None
         return result

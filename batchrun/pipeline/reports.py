@@ -176,6 +176,9 @@ class RetrySummary(_Report):
     duration_s: float = 0.0
     unknown_jobs: set[str] = field(default_factory=set)  # their names (not in the JSON)
     error: str | None = None  # why the drain stopped on an error (a bug in a job)
+    # why it stopped before its end: "cancelled" (`batchrun cancel`), a signal (no key when
+    # it did not)
+    stopped: str | None = None
     busy: int = 0  # entities given back to the queue because their backend was busy
     # the named backends called: {name: {calls, throttles, busy_waits, rate}} (no key when
     # none was)
@@ -202,6 +205,8 @@ class RetrySummary(_Report):
         del data["paused"]
         if data["error"] is None:
             del data["error"]
+        if data["stopped"] is None:
+            del data["stopped"]
         if not data["backends"]:
             del data["backends"]
         return data

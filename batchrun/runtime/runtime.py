@@ -284,8 +284,14 @@ class Runtime:
         return result
 
     def _loop(self, queue: WorkQueue) -> QueueLoop:
-        chores = Chores(self.requeue_unqueued, self.resend_lost_tasks)
-        return QueueLoop(self.consumer, queue, self.effects.backends, chores, self.stop)
+        chores = Chores(
+            self.requeue_unqueued,
+            self.resend_lost_tasks,
+            lambda: self.steering.refresh(self.store.db),
+        )
+        return QueueLoop(
+            self.consumer, queue, self.effects.backends, chores, self.stop, self.steering
+        )
 
     async def resend_lost_tasks(self, queue: WorkQueue, in_flight: int | None = None) -> int:
         """On an empty queue: the submitted tasks whose message was lost, sent again

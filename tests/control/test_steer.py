@@ -180,6 +180,40 @@ def test_history_rows_for_every_outcome(
     assert text.returncode == 0 and "birthday" in text.stdout and "crashed" in text.stdout
 
 
+@pytest.mark.timeout(300)
+def test_a_cancel_stops_a_retry_drain_working_the_job(
+    smtp_server: SmtpTestServer, seeded: dict[str, str]
+) -> None:
+    """A drain is a run going on: `cancel` counted it ("1 run going on"), yet it worked
+    every message, exited 3 and was recorded `retrying` (each batch heard only of the
+    cancels given after it began)."""
+    env = seeded
+    smtp_server.set_policy(lambda _rcpt, _n: "451 4.3.0 try again later")
+    failed = run_cli("birthday", "--month", "2025-02", "--json", env=env)
+    assert failed.returncode == 3, failed.stderr
+    queued = json.loads(failed.stdout)["queued_for_retry"]
+    assert queued > 20
+    smtp_server.set_policy(None)
+
+    before = len(smtp_server.messages)
+    drain = _start(env, "retry", "--rate", "4", "--concurrency", "1", "--json")
+    smtp_server.wait_for_messages(before + 3, timeout=30)
+    cancel = run_cli("cancel", "birthday", env=env)
+    assert "(1 run going on)" in cancel.stderr, cancel.stderr
+    out, err = drain.communicate(timeout=LEASE_S * 4 + 30)
+    assert drain.returncode == 130, err
+    summary = json.loads(out)
+    assert summary["stopped"] == "cancelled", summary
+    assert 0 < summary["remaining"] < queued, summary
+    assert "stopped (cancelled)" in err, err
+    assert _runs(env, "--limit", "1")[0]["outcome"] == "cancelled"
+    # Later drains are not affected: the next one works what is there (the messages the
+    # cancelled one had received and not worked come back after their visibility).
+    rest = run_cli("retry", "--json", env=env)
+    assert rest.returncode == 0, rest.stderr
+    assert json.loads(rest.stdout)["succeeded"] > 0, rest.stdout
+
+
 def _eligible_sent(stdout: str) -> int:
     return int(json.loads(stdout)["emails_sent"])
 
