@@ -110,6 +110,29 @@ async def test_old_history_and_ended_tasks_go_in_batches(
     assert (again.runs, again.tasks) == (0, 0)
 
 
+async def test_the_last_real_success_is_kept_behind_a_paused_run(store: Any) -> None:
+    """A run that found its job paused ends `ok` but is no success to the metrics: prune
+    kept it as the newest `ok` and deleted the real success before it, and
+    `batchrun_last_success_timestamp_seconds` vanished (an alert on it never fired)."""
+    old = _now_ms() - 100 * DAY_MS
+    for host, counts in (
+        ("real-old", '{"succeeded":3}'),
+        ("real", '{"succeeded":5}'),
+        ("paused", '{"succeeded":0,"paused":true}'),
+    ):
+        await store.db.execute_sql(
+            "INSERT INTO batchrun_run (job, period, kind, host, pid, version, started_at,"
+            " heartbeat_at, ended_at, exit_code, outcome, counts) VALUES"
+            f" ('birthday', '2025-06', 'run', '{host}', 1, 'v', {old}, {old}, {old}, 0, 'ok',"
+            f" '{counts}')",
+            (),
+        )
+    pruned = await pruning.prune(store.db, runs_before=_now_ms(), tasks_before=None)
+    assert pruned.runs == 1 and await _hosts(store) == ["real", "paused"]
+    last = await store.db.fetchall("metrics_last_runs")
+    assert [(r[0], r[1]) for r in last] == [("birthday", "ok")], last
+
+
 async def test_a_pruned_key_submitted_again_runs_again(store: Any) -> None:
     await _tasks(store, {"k1": (TaskState.SUCCEEDED, 100)})
     queue = LocalQueue(store.db)

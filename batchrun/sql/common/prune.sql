@@ -3,11 +3,18 @@
 -- since), after id :after in id order (control/prune.py deletes them by id). A running
 -- process's row is never among them.
 -- Each job's (and kind's) newest row of each outcome is kept, so `status` and the
--- metrics' last-success time still say when it last ran, however long ago.
+-- metrics' last-success time still say when it last ran, however long ago; and its
+-- newest of each outcome that did something: a run that found its job paused is no
+-- success to the metrics (metrics_last_runs), so the real one before it stays too.
 SELECT id FROM batchrun_run
 WHERE id > :after AND COALESCE(ended_at, heartbeat_at) < :before
   AND (outcome <> 'running' OR heartbeat_at < :stale)
   AND id NOT IN (SELECT MAX(id) FROM batchrun_run GROUP BY job, kind, outcome)
+  AND id NOT IN (
+    SELECT MAX(id) FROM batchrun_run
+    WHERE counts IS NULL OR counts NOT LIKE '%"paused":true%'
+    GROUP BY job, kind, outcome
+  )
 ORDER BY id
 LIMIT :batch;
 
