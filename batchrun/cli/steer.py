@@ -10,7 +10,7 @@ import typer
 from batchrun.cli.app import Invocation, app, no_task_period, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.control.history import History
-from batchrun.control.steering import Controls
+from batchrun.control.steering import EVERY_PERIOD, Controls
 from batchrun.period import parse as parse_period
 from batchrun.runtime.resources import open_backends
 
@@ -98,9 +98,16 @@ def resume(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) ->
             stderr.print(" ".join(filter(None, (job, which, "was not paused"))), highlight=False)
         else:
             stderr.print(f"resumed {job} {which or '(every period)'}", highlight=False)
-        if still:
+        if any(c.period == EVERY_PERIOD for c in still):
             stderr.print(
                 f"{job} stays paused for every period: `batchrun resume {job}` clears it",
+                highlight=False,
+            )
+        elif still:
+            periods = sorted(c.period for c in still)
+            shown = ", ".join(periods[:5]) + (" ..." if len(periods) > 5 else "")
+            stderr.print(
+                f"{job} stays paused for {shown}: `batchrun resume {job}` clears them all",
                 highlight=False,
             )
         return 0

@@ -329,6 +329,15 @@ def test_steering_nothing_says_so(tmp_path: Path) -> None:
     assert "(1 run going on)" in cancel.stderr
     resume = run_cli("resume", "birthday", env=env)
     assert resume.stderr.strip() == "birthday was not paused"
+    # Resuming one period of two said the job "stays paused for every period".
+    for month in ("2025-08", "2025-09"):
+        assert run_cli("pause", "birthday", "--period", month, env=env).returncode == 0
+    one = run_cli("resume", "birthday", "--period", "2025-08", env=env)
+    assert one.stderr.splitlines() == [
+        "resumed birthday 2025-08",
+        "birthday stays paused for 2025-09: `batchrun resume birthday` clears them all",
+    ], one.stderr
+    assert run_cli("resume", "birthday", env=env).returncode == 0
     assert run_cli("pause", "birthday", "--period", "2025-07", env=env).returncode == 0
     held = run_cli("birthday", "--month", "2025-07", env=env)
     assert held.returncode == 0 and re.search(r"^paused +yes$", held.stdout, re.M), held.stdout
