@@ -7,6 +7,7 @@ backends), so tests and ``batchrun ui`` build it the same way.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -292,6 +293,27 @@ async def _depths(rt: Runtime) -> dict[str, int | None]:
     return {"retry": waiting, "dead": dead}
 
 
+STATIC = Path(__file__).parent / "static"
+_STATIC_TYPES = {"board.css": "text/css", "live.js": "text/javascript"}
+
+
+async def _static(request: Request) -> Response:
+    """The style sheet and the script (no inline ones: the CSP allows none); read once."""
+    name = request.path_params["name"]
+    if name not in _STATIC_TYPES:
+        raise _NotFound(f"no file {name!r}")
+    return Response(
+        _static_bytes(name),
+        media_type=_STATIC_TYPES[name],
+        headers={"Cache-Control": "public, max-age=300"},
+    )
+
+
+@functools.cache
+def _static_bytes(name: str) -> bytes:
+    return (STATIC / name).read_bytes()
+
+
 class _App(Starlette):
     """Starlette with ``SecureHeaders`` around its whole stack: the error middleware
     Starlette puts outermost answers too."""
@@ -323,6 +345,7 @@ def create_app(open_runtime: RuntimeFactory, *, token: str | None, read_only: bo
         Route("/dead/redrive", board.redrive, methods=["POST"]),
         Route("/metrics", board.metrics_page),
         Route("/login", board.login, methods=["GET", "POST"]),
+        Route("/static/{name:str}", _static),
     ]
     return _App(
         routes=routes,

@@ -41,6 +41,9 @@ async def read_form(request: Request) -> Form:
     return Form(parse_qs(body.decode("utf-8", "replace")))
 
 
+PUBLIC = frozenset({"/static/board.css", "/static/live.js"})
+
+
 class Gate(BaseHTTPMiddleware):
     """The token (when set) and its limit of wrong ones, the CSRF token of every POST,
     and read-only."""
@@ -53,6 +56,8 @@ class Gate(BaseHTTPMiddleware):
         guard = self.guard
         if not guard.host_ok(request.headers.get("host", "")):
             return PlainTextResponse("unexpected Host header", status_code=403)
+        if request.method == "GET" and request.url.path in PUBLIC:
+            return await call_next(request)  # the login page's style sheet: no data
         if request.url.path != "/login" and guard.token and guard.bearer(request) is not None:
             wait_s = guard.logins.wait_s(client_address(request))
             if wait_s:  # the token is not even looked at

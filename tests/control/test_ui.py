@@ -5,7 +5,9 @@ check. The real-browser tests are in test_ui_browser.py."""
 from __future__ import annotations
 
 import contextlib
+import html
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -199,8 +201,8 @@ async def test_odd_requests_get_a_4xx_and_a_big_login_body_is_not_read(
 ) -> None:
     """A forged cookie, ids no table can hold and a login body past the form's limit are
     each refused with a 4xx (they were 500s, and the body was read whole into memory);
-    the login page shows nothing of the database; the live view's URL is JSON in its
-    script, not HTML-escaped (its period was lost after "&amp;")."""
+    the login page shows nothing of the database; the live view's URL reaches the script
+    whole (its period was lost after "&amp;" when the script held it as text)."""
     settings = make_settings(sqlite_url)
     await prepare(settings, fail_one=False)
     token = uuid.uuid4().hex
@@ -222,7 +224,10 @@ async def test_odd_requests_get_a_4xx_and_a_big_login_body_is_not_read(
             assert answer.status_code in (400, 404), (path[:40], answer.status_code)
         page = await client.get("/jobs/birthday?period=2025-06", headers=auth)
         assert page.status_code == 200
-        assert 'fetch("/api/live?job=birthday\\u0026period=2025-06"' in page.text, page.text[-600:]
+        # an attribute, HTML-escaped: the script reads it back whole with getAttribute
+        found = re.search(r'data-live-url="([^"]*)"', page.text)
+        assert found is not None, page.text[:600]
+        assert html.unescape(found[1]) == "/api/live?job=birthday&period=2025-06", found[1]
 
 
 @pytest.mark.mysql
@@ -395,6 +400,38 @@ async def test_every_response_carries_the_security_headers(
         ):
             assert refused.status_code == 403
             assert_secure_headers(refused)
+
+
+async def test_no_inline_script_or_style_so_the_policy_allows_none(
+    sqlite_url: str, make_settings: Any
+) -> None:
+    """The pages carried an inline <style> and <script> and the bars a style attribute, so
+    the policy allowed 'unsafe-inline': an injected script would have run. They are files
+    of the dashboard's own now, served to anyone (the login page needs its style sheet)."""
+    settings = make_settings(sqlite_url)
+    await prepare(settings)
+    token = uuid.uuid4().hex
+    auth = {"authorization": f"Bearer {token}"}
+    policy = HEADERS["Content-Security-Policy"]
+    assert "unsafe" not in policy and "script-src 'self'" in policy and "style-src 'self'" in policy
+    async with client_of(make_app(settings, token=token)) as client:
+        pages = ["/", "/jobs/birthday", "/dead", "/runs/1", "/jobs/birthday/entities/1"]
+        for path in pages:
+            page = await client.get(path, headers=auth)
+            assert page.status_code in (200, 404), (path, page.status_code)
+            html = page.text
+            assert "<script>" not in html and "<style" not in html, path
+            assert not re.search(r"\sstyle=|\son[a-z]+=", html), path
+        index = (await client.get("/", headers=auth)).text
+        assert '<progress class="bar' in index and 'data-live-url="/api/live"' in index
+        login = await client.get("/login")
+        assert '<link rel="stylesheet" href="/static/board.css">' in login.text
+        for name, kind in (("board.css", "text/css"), ("live.js", "text/javascript")):
+            served = await client.get(f"/static/{name}")  # no token: no data in them
+            assert served.status_code == 200 and served.headers["content-type"].startswith(kind)
+        assert "data-live-url" in (await client.get("/static/live.js")).text
+        assert (await client.get("/static/../app.py", headers=auth)).status_code == 404
+        assert (await client.get("/static/app.py", headers=auth)).status_code == 404
 
 
 async def test_the_session_cookie_is_secure_over_https_only(

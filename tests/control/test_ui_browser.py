@@ -86,10 +86,9 @@ def steady(url: str) -> int | None:
 
 
 def bar_width(driver: Any, key: str) -> float:
-    style = driver.find_element(By.CSS_SELECTOR, f'[data-live="{key}"] > span').get_attribute(
-        "style"
-    )
-    return float(style.split("width:")[1].split("%")[0])
+    """How far the bar (a <progress>) shows, in percent."""
+    value = driver.find_element(By.CSS_SELECTOR, f'[data-live="{key}"]').get_attribute("value")
+    return float(value)
 
 
 def test_watch_a_run_then_look_up_and_redrive(
