@@ -84,10 +84,19 @@ def checked(entity_id: object, data: object, key: object) -> tuple[int, str, str
         text = json.dumps(data, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise BadTask(f"task data is not JSON: {exc}") from None
-    if len(text.encode()) > MAX_DATA:
-        raise BadTask(f"task data is over {MAX_DATA // 1024} KB ({len(text.encode())} bytes)")
+    if len(text) > MAX_DATA // 6:  # could be over: measured as UTF-8, not as stored
+        # Stored ASCII-escaped (a lone surrogate survives every database), where a
+        # character past Latin takes 6 or 12 bytes: the limit is the JSON's UTF-8 size.
+        size = len(_utf8_json(data))
+        if size > MAX_DATA:
+            raise BadTask(f"task data is over {MAX_DATA // 1024} KB ({size} bytes)")
     if key is None:
         key = uuid.uuid4().hex  # without a key each submission is its own task
     if not isinstance(key, str) or not KEY.fullmatch(key):
         raise BadTask("task key must be 1-200 printable ASCII characters, no spaces")
     return entity_id, text, key
+
+
+def _utf8_json(data: dict[str, Any]) -> bytes:
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "surrogatepass")

@@ -40,6 +40,8 @@ def from_options(ids: list[int], data: str | None, key: str | None) -> list[Subm
             data = Path(data[1:]).read_text(encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"--data {data}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"--data {data}: not UTF-8 (byte {exc.start})") from None
     try:
         parsed: Any = None if data is None else json.loads(data)
     except (ValueError, RecursionError) as exc:

@@ -79,13 +79,18 @@ async def submit_task(
             f" {len(before)} submitted before (nothing queued), {len(resent)} sent again",
             highlight=False,
         )
-    elif resent:
+    elif resent:  # a key may hold [brackets]: no markup
         stderr.print(
             f"task {resent[0].key} was submitted before but never started: sent again",
             highlight=False,
+            markup=False,
         )
     elif before:
-        stderr.print(f"task {before[0].key} was submitted before: nothing queued", highlight=False)
+        stderr.print(
+            f"task {before[0].key} was submitted before: nothing queued",
+            highlight=False,
+            markup=False,
+        )
     return 0
 
 

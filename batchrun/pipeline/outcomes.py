@@ -144,10 +144,21 @@ def _http_outcome(exc: BaseException) -> Outcome | None:
             return Outcome(State.RETRYING, reason)
         return Outcome(State.FAILED, reason)
     if isinstance(exc, httpx.TimeoutException | httpx.NetworkError | httpx.RemoteProtocolError):
-        return Outcome(State.RETRYING, _short(f"{type(exc).__name__}: {exc}"), connection=True)
+        return Outcome(State.RETRYING, _short(_http_error(exc)), connection=True)
     if isinstance(exc, httpx.HTTPError):
-        return Outcome(State.RETRYING, _short(f"{type(exc).__name__}: {exc}"))
+        return Outcome(State.RETRYING, _short(_http_error(exc)))
     return None
+
+
+def _http_error(exc: BaseException) -> str:
+    """``ReadTimeout: …`` (httpx's timeouts often say nothing: then where it was going)."""
+    text = str(exc)
+    if not text:
+        try:
+            text = f"no answer from {shown(str(exc.request.url))}"  # type: ignore[attr-defined]
+        except RuntimeError:  # no request attached
+            text = "no detail"
+    return f"{type(exc).__name__}: {text}"
 
 
 BUSY_STATUSES = (429, 503)  # a backend's answers that mean busy, not failed

@@ -84,7 +84,21 @@ def test_the_cli_submits_and_refuses_bad_input_before_queueing(
         assert "Traceback" not in refused.stderr
     unknown = run_cli("submit", "nope", "--id", "5", env=env)
     assert unknown.returncode == 2 and "unknown job" in unknown.stderr
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes(b'{"name": "Jos\xe9"}')
+    refused = run_cli("submit", "steps", "--id", "5", "--data", f"@{latin1}", env=env)
+    assert refused.returncode == 2 and refused.stderr.strip().endswith("not UTF-8 (byte 13)")
     assert query(sqlite_url, "SELECT COUNT(*) FROM batchrun_queue")[0][0] == 2
+    # A key may hold brackets: its "submitted before" line was read as markup (exit 1).
+    for _ in range(2):
+        bracket = run_cli("submit", "steps", "--id", "6", "--key", "[/x]", env=env)
+        assert bracket.returncode == 0, bracket.stderr
+    assert "task [/x] was submitted before: nothing queued" in bracket.stderr, bracket.stderr
+    # 200 KB of UTF-8: text past Latin was measured escaped (\u00e9: 6 bytes a letter).
+    accents = tmp_path / "accents.json"
+    accents.write_text(json.dumps({"text": "\u00e9" * 90_000}, ensure_ascii=False), "utf-8")
+    taken = run_cli("submit", "steps", "--id", "7", "--data", f"@{accents}", env=env)
+    assert taken.returncode == 0, taken.stderr
 
 
 def test_the_cli_reads_tasks_from_standard_input_and_names_a_bad_line(sqlite_url: str) -> None:

@@ -721,3 +721,15 @@ def test_a_statement_timeout_is_told_from_a_cancel_someone_asked_for() -> None:
     assert _timed_out(canceled("canceling statement due to statement timeout"))
     assert not _timed_out(canceled("canceling statement due to user request"))
     assert not _timed_out(asyncpg.exceptions.LockNotAvailableError("lock timeout"))
+
+
+def test_task_data_is_measured_as_utf8_json() -> None:
+    """Stored escaped (``\\u00e9``: 6 bytes a letter), the data was measured so: 90,000
+    accented letters, 180 KB of UTF-8, were refused as over 200 KB."""
+    from batchrun.task import MAX_DATA, BadTask, checked
+
+    _, text, _ = checked(1, {"text": "\u00e9" * 90_000}, "k")
+    assert len(text) > MAX_DATA and text.isascii()  # stored escaped, measured unescaped
+    with pytest.raises(BadTask, match=r"over 200 KB \(240008 bytes\)"):
+        checked(1, {"t": "\U0001f600" * 60_000}, "k")  # 4 bytes each in UTF-8
+    checked(1, {"t": "\ud800" * 10}, "k")  # a lone surrogate still goes

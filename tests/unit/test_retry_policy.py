@@ -124,3 +124,18 @@ def test_a_verdict_without_a_reason_has_its_own() -> None:
         outcome = classify(verdict)
         assert (outcome.state, outcome.reason) == (state, reason)
     assert classify(batchrun.Retry(delay_s=5)).delay_s == 5
+
+
+def test_an_http_timeout_says_where_it_was_going() -> None:
+    """httpx's timeouts often carry no text: the reason `why` and `dead list` showed was
+    "ReadTimeout: " and nothing after it."""
+    import httpx
+
+    from batchrun.pipeline.outcomes import classify
+
+    request = httpx.Request("POST", "http://127.0.0.1:9/v1/charges?token=secret")
+    outcome = classify(httpx.ReadTimeout("", request=request))
+    assert outcome.state is State.RETRYING
+    assert outcome.reason == "ReadTimeout: no answer from http://127.0.0.1:9/…/charges"
+    said = classify(httpx.ConnectError("refused", request=request))
+    assert said.reason == "ConnectError: refused"
