@@ -13,6 +13,7 @@ from rich.markup import escape
 from batchrun.cli.app import Invocation, app, error_text, rate_option, run_command
 from batchrun.cli.conventions import examples, stderr
 from batchrun.cli.output import ASKED, table
+from batchrun.control.history import CANCELLED
 from batchrun.control.runrecord import RunRecord
 from batchrun.pipeline import engine
 from batchrun.queue.base import WorkQueue
@@ -96,6 +97,8 @@ def worker(
     the queue with a growing delay (counted busy): no attempt, never dead-lettered for it.
     Finding the queue empty, it sends again the submitted tasks whose message was lost
     (never started BATCHRUN_TASK_RESEND_S after their submission; counted requeued).
+    `batchrun cancel` of a job whose messages it worked stops it as SIGTERM would, exit
+    130 (its supervisor's restart serves on: a cancel does not stop later runs).
     """
     context: Invocation = ctx.obj
     settings = context.settings
@@ -132,7 +135,9 @@ def worker(
                             idle_exit_s=idle_exit,
                         )
                         code = 1 if result.error is not None or result.unknown_job else 0
-                        await record.end(code, result.to_json())
+                        if stop.reason == CANCELLED:  # `batchrun cancel` of a job it worked
+                            code = 130
+                        await record.end(code, result.to_json(), stopped=stop.reason)
                 finally:
                     if consumed is not backends.queue:
                         await consumed.close()
@@ -143,6 +148,13 @@ def worker(
         else:
             table("worker", result.to_json(), always=ASKED)
         _say_lost(result.lost_claims)
+        if stop.reason == CANCELLED:
+            stderr.print(
+                "stopped (cancelled): the cancelled job's messages stay on the queue for the "
+                "next worker",
+                highlight=False,
+            )
+            return 130
         return _say_unknown(result)
 
     run_command(ctx, go)

@@ -125,10 +125,9 @@ def resume(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) ->
 def cancel(ctx: typer.Context, job: JobArgument, period: PeriodOption = None) -> None:
     """Cancel the runs of JOB going on now (or of one period): at their next heartbeat they
     stop as on Ctrl-C. In-flight entities finish, the rest stay pending for a later run;
-    they exit 130 (JSON `"stopped": "cancelled"`). A `retry` drain going on that works
-    the job's messages stops the same way; a `worker` stops the job's entities in flight
-    and serves on. Runs started afterwards are not affected (use `batchrun pause` to keep
-    them from starting).
+    they exit 130 (JSON `"stopped": "cancelled"`). A `retry` drain or a `worker` going on
+    that works the job's messages (a task job's too) stops the same way. Runs started
+    afterwards are not affected (use `batchrun pause` to keep them from starting).
     """
     context: Invocation = ctx.obj
 

@@ -113,8 +113,25 @@ class QueueLoop:
         idle_exit_s: float | None,
     ) -> RetrySummary:
         """Consume until stopped, or idle for ``idle_exit_s`` (see ``Runtime.serve``). A mail
-        outage pauses it (1 s, doubling to 30 s), then lets one call through."""
+        outage pauses it (1 s, doubling to 30 s), then lets one call through. `batchrun
+        cancel` of a job whose messages it worked, given while it serves, stops it as
+        SIGTERM would (the run record's heartbeat reads it)."""
         backends = self.backends.snapshot()
+        done = self.steering.steer(self.stop, scopes=self.consumer.named)
+        try:
+            await self._serve(options, result, prefetch, visibility_s, idle_exit_s)
+        finally:
+            done()
+        return await self._close(result, backends)
+
+    async def _serve(
+        self,
+        options: Options,
+        result: RetrySummary,
+        prefetch: int,
+        visibility_s: float,
+        idle_exit_s: float | None,
+    ) -> None:
         idle_since, requeued_at, outage = time.monotonic(), 0.0, 0
         while not self.stop.stopping:
             if time.monotonic() - requeued_at >= REQUEUE_EVERY_S:
@@ -163,7 +180,6 @@ class QueueLoop:
                 self.backends.half_open()
             else:
                 outage = 0
-        return await self._close(result, backends)
 
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds``, or less if the stop comes first."""

@@ -38,11 +38,13 @@ log = logging.getLogger(__name__)
 
 
 class TaskClaims(Fence):
-    """The tasks this process runs (their leases) and the entities' turns it holds."""
+    """The tasks of ``job`` this process runs (their leases) and the entities' turns it
+    holds. A task job is paused and cancelled as a whole (period '')."""
 
     def __init__(
         self,
         store: TaskStore,
+        job: str,
         *,
         lease_s: float,
         stop: StopToken,
@@ -53,14 +55,17 @@ class TaskClaims(Fence):
         self.running: dict[int, tuple[str, int]] = {}  # task id -> (job, entity id)
         self.turns: set[tuple[str, int]] = set()  # (job, entity id)
         self._lost: set[int] = set()
+        self._job = [Scope(job, "", "")]
+        # What `batchrun cancel JOB` names: the tasks' batch stops as a run's would.
+        self._scopes.add(self._job[0])
 
     def holding(self) -> bool:
         return bool(self.running or self.turns)
 
     def held_scopes(self) -> Iterable[Scope]:
-        # A task job is paused as a whole (``batchrun pause JOB``): period ''. One Scope a
-        # job, not one a turn: asked before each task, with up to a batch's turns held.
-        return [Scope(job, "", "") for job in {job for job, _ in self.turns}]
+        # The job's, while it holds a task (serial "none": no turn) or a turn; asked before
+        # each task starts, so a pause holds the batch's next ones whatever its size.
+        return self._job if self.running or self.turns else ()
 
     def lost(self, item: Item) -> bool:
         return item.task_id in self._lost

@@ -101,7 +101,7 @@ class TaskRoad:
         lost_finish: set[str] = set()  # messages whose task's end could not be recorded
         try:
             async with TaskClaims(
-                self.store, lease_s=settings.lease_s, stop=stop, steering=self.w.steering
+                self.store, job.name, lease_s=settings.lease_s, stop=stop, steering=self.w.steering
             ) as claims:
 
                 async def write(batch: Sequence[tuple[Item, Outcome]]) -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from itertools import pairwise
 from pathlib import Path
@@ -256,6 +257,63 @@ def test_a_paused_task_job_waits_then_runs(sqlite_url: str) -> None:
     assert "paused" not in json.loads(run_cli("status", "steps", "--json", env=env).stdout)
     assert run_cli("worker", "--idle-exit", "5", env=env, timeout=120).returncode == 0
     assert [r[1] for r in effects(sqlite_url)] == ["p1"]
+
+
+def _started_keys(url: str) -> list[str]:
+    return [str(r[1]) for r in sorted(effects(url), key=lambda r: r[3])]
+
+
+def _wait_for_effects(url: str, count: int, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(effects(url)) < count:
+        assert time.monotonic() < deadline, f"fewer than {count} tasks ran"
+        time.sleep(0.1)
+
+
+def test_a_cancel_stops_a_worker_working_the_task_job(sqlite_url: str) -> None:
+    """`cancel steps` said "1 run going on" and stopped nothing: the batch's claims named
+    no job a cancel could match, and the worker ran every task it had taken."""
+    env = {**migrate_task_jobs(sqlite_url), "BATCHRUN_LEASE_S": "1.5"}
+    with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
+        for n in range(6):
+            client.submit("steps", 1, data={"seq": n, "sleep": 1.0}, key=f"c{n}")
+    worker = start_workers({**env}, 1, "--prefetch", "10", "--concurrency", "1", "--json")[0]
+    _wait_for_effects(sqlite_url, 1)
+    cancel = run_cli("cancel", "steps", env=env)
+    assert "(1 run going on)" in cancel.stderr, cancel.stderr
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 130, err
+    assert json.loads(out)["stopped"] == "cancelled"
+    ran = len(effects(sqlite_url))
+    assert ran <= 3, f"{ran} of 6 ran: the cancel stopped none"  # in flight, one heartbeat
+    assert _runs_outcome(env) == "cancelled"
+    # A later worker is not affected: it does the rest, in order.
+    assert run_cli("worker", "--idle-exit", "3", env=env, timeout=120).returncode == 0
+    assert _started_keys(sqlite_url) == [f"c{n}" for n in range(6)]
+
+
+def test_a_pause_holds_a_batch_of_tasks_that_take_no_turn(sqlite_url: str) -> None:
+    """A task job with ``serial = "none"`` holds no turn, and its batch's claims named no
+    job a pause could hold: every task a worker had taken (its --prefetch) started."""
+    env = {**migrate_task_jobs(sqlite_url), "BATCHRUN_LEASE_S": "1.5"}
+    with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
+        for n in range(6):
+            client.submit("loose", n + 1, data={"sleep": 1.0}, key=f"l{n}")
+    worker = start_workers({**env}, 1, "--prefetch", "10", "--concurrency", "1")[0]
+    _wait_for_effects(sqlite_url, 1)
+    assert run_cli("pause", "loose", env=env).returncode == 0
+    time.sleep(4.0)  # a heartbeat, the task in flight, and three more had it not held
+    held = len(effects(sqlite_url))
+    assert held <= 3, f"{held} of 6 ran while paused"
+    assert run_cli("resume", "loose", env=env).returncode == 0
+    worker.communicate(timeout=60)
+    assert worker.returncode == 0
+    assert len(effects(sqlite_url)) == 6
+
+
+def _runs_outcome(env: dict[str, str]) -> str:
+    rows = json.loads(run_cli("runs", "--json", "--limit", "1", env=env).stdout)
+    return str(rows[0]["outcome"])
 
 
 def test_a_task_jobs_period_cannot_be_steered_or_read(sqlite_url: str) -> None:

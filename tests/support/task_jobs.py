@@ -28,6 +28,13 @@ class Steps(batchrun.Task):
         )
 
 
+class Loose(Steps):
+    """``steps`` with no order per entity (``serial = "none"``): its tasks take no turn."""
+
+    name = "loose"
+    serial = "none"
+
+
 class Flaky(batchrun.Task):
     """Its first attempt of a task fails, asking to be tried again in ``retry_s`` (data,
     0.01 s unless given); each attempt records when it started."""

@@ -34,16 +34,18 @@ def effects(db_url: str) -> list[tuple[Any, ...]]:
     return query(db_url, "SELECT entity_id, task_key, seq, started_ns, ended_ns FROM task_effect")
 
 
-def start_workers(env: dict[str, str], n: int) -> list[subprocess.Popen[str]]:
-    """``n`` ``batchrun worker`` processes that exit after 3 s idle."""
+def start_workers(env: dict[str, str], n: int, *args: str) -> list[subprocess.Popen[str]]:
+    """``n`` ``batchrun worker`` processes that exit after 3 s idle (``args``: more of its
+    options, which then take their stdout too)."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("BATCHRUN_")}
     full.update(env)
+    options = list(args) or ["--concurrency", "8"]
     return [
         subprocess.Popen(
-            [sys.executable, "-m", "batchrun", "worker", "--idle-exit", "3", "--concurrency", "8"],
+            [sys.executable, "-m", "batchrun", "worker", "--idle-exit", "3", *options],
             env=full,
             cwd=ROOT,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if args else subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
         )
