@@ -84,9 +84,14 @@ class Runtime:
         return self.wiring.policy(job, run=run)
 
     async def preflight(self, job: Job | None = None, queue: WorkQueue | None = None) -> None:
-        """Before the first effect: the job's tables, the retry queue (and ``queue``) and
-        the mailer, each backend once per runtime (see runtime/preflight.py)."""
+        """Before the first effect: the named backends' settings of the job (of every job
+        without one), the job's tables, the retry queue (and ``queue``) and the mailer, each
+        backend once per runtime (see runtime/preflight.py)."""
         urls = (self.settings.mail_url, self.settings.retry_queue_url, self.settings.db_url)
+        # The jobs' named backends, from the environment (a bad variable is a ConfigError
+        # naming it): a consumer's before it takes a message it could not work.
+        for declaring in [job] if job is not None else self.jobs.values():
+            self.effects.backends.declare(declaring)
         if job is not None:
             await preflight.check_tables(self.store, [job])
         for each in (self.queue, queue):

@@ -311,6 +311,23 @@ def test_a_pause_holds_a_batch_of_tasks_that_take_no_turn(sqlite_url: str) -> No
     assert len(effects(sqlite_url)) == 6
 
 
+def test_a_worker_with_a_bad_backend_setting_takes_no_message(sqlite_url: str) -> None:
+    """A backend's setting was read when a task first used it, after its message was
+    taken: each start of a worker so set up took the message, exited 2, and counted a
+    receive, which on SQS dead-letters the task untried. It is checked first now."""
+    env = migrate_task_jobs(sqlite_url)
+    with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
+        client.submit("slotted", 1, key="s1")
+    bad = {**env, "BATCHRUN_BACKEND_SLOT_URL": "ftp://x"}
+    for command in (("worker", "--idle-exit", "1"), ("retry",)):
+        refused = run_cli(*command, env=bad, timeout=60)
+        assert refused.returncode == 2, refused.stderr
+        assert "BATCHRUN_BACKEND_SLOT_URL must be an http(s):// URL" in refused.stderr
+    assert query(sqlite_url, "SELECT receive_count FROM batchrun_queue") == [(0,)]
+    assert run_cli("worker", "--idle-exit", "1", env=env, timeout=60).returncode == 0
+    assert [r[1] for r in effects(sqlite_url)] == ["s1"]
+
+
 def _runs_outcome(env: dict[str, str]) -> str:
     rows = json.loads(run_cli("runs", "--json", "--limit", "1", env=env).stdout)
     return str(rows[0]["outcome"])
