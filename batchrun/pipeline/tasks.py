@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections import deque
@@ -82,11 +83,28 @@ class TaskRoad:
                 )
             else:
                 by_job.setdefault(job.name, []).append((received, message))
-        for name, mine in by_job.items():
-            job = self.jobs[name]
-            assert isinstance(job, Task)
-            found.update(await self._job(job, mine, options))
+        if len(by_job) == 1:
+            [(name, mine)] = by_job.items()
+            found.update(await self._job(self._task(name), mine, options))
+            return found
+        # Several jobs' tasks: side by side, the batch's concurrency shared out (one job's
+        # slow tasks held up another's, whose entities are others).
+        share = max(1, -(-options.concurrency // len(by_job)))
+        each = dataclasses.replace(options, concurrency=share)
+        done = await asyncio.gather(
+            *(self._job(self._task(name), mine, each) for name, mine in by_job.items()),
+            return_exceptions=True,  # each job's batch ends as it would alone
+        )
+        for dispositions in done:
+            if isinstance(dispositions, BaseException):
+                raise dispositions
+            found.update(dispositions)
         return found
+
+    def _task(self, name: str) -> Task:
+        job = self.jobs[name]
+        assert isinstance(job, Task)
+        return job
 
     async def _job(
         self, job: Task, entries: list[Entry], options: Options

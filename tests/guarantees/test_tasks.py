@@ -328,6 +328,22 @@ def test_a_worker_with_a_bad_backend_setting_takes_no_message(sqlite_url: str) -
     assert [r[1] for r in effects(sqlite_url)] == ["s1"]
 
 
+def test_tasks_of_two_jobs_in_one_batch_run_side_by_side(sqlite_url: str) -> None:
+    """A batch ran one job's tasks after the other's: a task of another entity (and job)
+    waited for a slow one, though --concurrency allowed both."""
+    env = migrate_task_jobs(sqlite_url)
+    with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
+        client.submit("steps", 1, data={"sleep": 2.0}, key="slow")
+        client.submit("loose", 2, key="quick")
+    served = run_cli(
+        "worker", "--prefetch", "10", "--concurrency", "4", "--idle-exit", "1", env=env
+    )
+    assert served.returncode == 0, served.stderr
+    rows = {str(r[1]): r for r in effects(sqlite_url)}
+    assert set(rows) == {"slow", "quick"}
+    assert rows["quick"][3] < rows["slow"][4], "the quick task waited for the slow one"
+
+
 def _runs_outcome(env: dict[str, str]) -> str:
     rows = json.loads(run_cli("runs", "--json", "--limit", "1", env=env).stdout)
     return str(rows[0]["outcome"])
