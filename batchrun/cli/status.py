@@ -64,8 +64,9 @@ def status(
     With no job and no period: every job's last run (when, how long, outcome, counts), what
     runs now (host, pid, progress), which jobs are paused, and the queue depths.
 
-    For a task job (batchrun.Task): its tasks pending, running, succeeded, failed (waiting
-    for another attempt) and dead, and oldest_pending_s.
+    For a task job (batchrun.Task): its tasks pending, running, claimed_by_stopped_run
+    (started by a process that died: they run again once their message comes back),
+    succeeded, failed (waiting for another attempt) and dead, and oldest_pending_s.
 
     With no job and a period: each job of that period whose tables are in the database, in
     turn (--json: the one job's object, or {"jobs": {name: object}} for several).

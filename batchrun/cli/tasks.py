@@ -29,7 +29,15 @@ Json = Annotated[
         help="Print one JSON summary on stdout (for a task job, one JSON line a task).",
     ),
 ]
-STATUS_KEYS = ("pending", "running", "succeeded", "failed", "dead", "oldest_pending_s")
+STATUS_KEYS = (
+    "pending",
+    "running",
+    "claimed_by_stopped_run",  # running in a process that died: runs again later
+    "succeeded",
+    "failed",
+    "dead",
+    "oldest_pending_s",
+)
 
 
 async def submit_task(

@@ -282,12 +282,20 @@ class TaskStore:
         """``status TASKJOB``: tasks per state now, and how long the oldest has waited."""
         counts: dict[str, Any] = {state.name.lower(): 0 for state in TaskState}
         oldest: int | None = None
-        for state, n, first in await self.db.fetchall("task_counts", job=job):
+        now = await self.clock.now_ms()
+        stale = 0
+        for state, n, first, dead in await self.db.fetchall("task_counts", job=job, now=now):
             counts[TaskState(int(state)).name.lower()] = int(n)
             if int(state) == TaskState.PENDING and first is not None:
                 oldest = int(first)
+            if int(state) == TaskState.RUNNING:
+                stale = int(dead or 0)
+        # A task whose process died is not running: it starts again once its message
+        # comes back (a period's status says claimed_by_stopped_run of its entities too).
+        counts["running"] -= stale
+        counts["claimed_by_stopped_run"] = stale
         counts["oldest_pending_s"] = (
-            None if oldest is None else round(max(0, await self.clock.now_ms() - oldest) / 1000, 1)
+            None if oldest is None else round(max(0, now - oldest) / 1000, 1)
         )
         return counts
 

@@ -89,7 +89,7 @@ async def tasks(rt: Runtime, job: Job) -> PeriodCounts:
     failed (dead). Labelled ``tasks``: a task job has no periods."""
     counts = await TaskStore(rt.store.db).counts(job.name)
     shown = {
-        "pending": counts["pending"] + counts["running"],
+        "pending": counts["pending"] + counts["running"] + counts["claimed_by_stopped_run"],
         "sent": counts["succeeded"],
         "retrying": counts["failed"],
         "failed": counts["dead"],

@@ -470,3 +470,21 @@ async def test_a_submission_whose_send_fails_is_withdrawn_unless_started(store: 
     assert row is not None and await tasks.start(row.id, "A", 30.0)
     assert not await tasks.withdraw("steps", ["k1"])  # started: never taken back
     assert await tasks.get("steps", "k1") is not None
+
+
+async def test_status_tells_a_dead_process_s_task_from_a_running_one(store: Any) -> None:
+    """A worker killed mid-task left its task counted `running` until it ran again (up to
+    its message's visibility later); a period's status says claimed_by_stopped_run."""
+    import asyncio
+
+    from batchrun.tasks.store import TaskStore
+
+    tasks = TaskStore(store.db)
+    for entity, key in ((1, "alive"), (2, "orphan")):
+        assert await tasks.submit("steps", entity, key, "{}")
+    rows = await tasks.get_many("steps", ["alive", "orphan"])
+    assert await tasks.start(rows["alive"].id, "A", 60.0)
+    assert await tasks.start(rows["orphan"].id, "B", 0.05)  # B dies: its lease passes
+    await asyncio.sleep(0.2)
+    counts = await tasks.counts("steps")
+    assert (counts["running"], counts["claimed_by_stopped_run"], counts["pending"]) == (1, 1, 0)

@@ -100,8 +100,12 @@ UPDATE batchrun_entity_turn SET owner = NULL, lease_until = 0
 WHERE job = :job AND entity_id = :entity_id AND owner = :me;
 
 -- name: task_counts
--- For `status TASKJOB`: tasks per state, and the oldest pending one's submission time.
-SELECT state, COUNT(*), MIN(created_at) FROM batchrun_entity_task
+-- For `status TASKJOB`: tasks per state, the oldest pending one's submission time, and of
+-- the running ones those whose lease passed (their process died: the task runs again once
+-- its message comes back).
+SELECT state, COUNT(*), MIN(created_at),
+  SUM(CASE WHEN state = 1 AND lease_until < :now THEN 1 ELSE 0 END)
+FROM batchrun_entity_task
 WHERE job = :job GROUP BY state;
 
 -- A batch of messages claims its entities' first tasks in a few statements, whatever
