@@ -84,15 +84,12 @@ class Runtime:
         return self.wiring.policy(job, run=run)
 
     async def preflight(self, job: Job | None = None, queue: WorkQueue | None = None) -> None:
-        """Before the first effect: the named backends' settings of the job (of every job
-        without one), the job's tables, the retry queue (and ``queue``) and the mailer, each
-        backend once per runtime (see runtime/preflight.py)."""
+        """Before the first effect: the job's named backends' settings and its tables, the
+        retry queue (and ``queue``) and the mailer, each backend once per runtime (see
+        runtime/preflight.py)."""
         urls = (self.settings.mail_url, self.settings.retry_queue_url, self.settings.db_url)
-        # The jobs' named backends, from the environment (a bad variable is a ConfigError
-        # naming it): a consumer's before it takes a message it could not work.
-        for declaring in [job] if job is not None else self.jobs.values():
-            self.effects.backends.declare(declaring)
         if job is not None:
+            self.effects.backends.declare(job)  # its named backends' settings
             await preflight.check_tables(self.store, [job])
         for each in (self.queue, queue):
             if each is not None and not self._was_checked(each):
@@ -243,6 +240,7 @@ class Runtime:
         counted into ``result`` if given (what a drain an error ended had done)."""
         assert self.queue is not None and self.mailer is not None
         started = time.monotonic()
+        self.declare_backends()
         await self.preflight()
         result = RetrySummary() if result is None else result
         visibility = max(60.0, self.settings.lease_s * 4)
@@ -273,6 +271,7 @@ class Runtime:
         """
         started = time.monotonic()
         result = RetrySummary()
+        self.declare_backends()
         checked = await preflight.wait_until_usable(
             lambda: self.preflight(queue=queue), self.stop, max_s=OUTAGE_BACKOFF_S[1]
         )
@@ -287,6 +286,14 @@ class Runtime:
         )
         result.duration_s = time.monotonic() - started
         return result
+
+    def declare_backends(self) -> None:
+        """Every job's named backends' settings, from the environment (a bad variable is a
+        ConfigError naming it): `retry` and `worker` check them before they take a message
+        they could not work. Not the Lambda's batches: one job's bad setting would fail
+        every job's messages there (``process`` works each job's as it comes)."""
+        for job in self.jobs.values():
+            self.effects.backends.declare(job)
 
     def _loop(self, queue: WorkQueue) -> QueueLoop:
         chores = Chores(

@@ -344,6 +344,28 @@ def test_tasks_of_two_jobs_in_one_batch_run_side_by_side(sqlite_url: str) -> Non
     assert rows["quick"][3] < rows["slow"][4], "the quick task waited for the slow one"
 
 
+def test_the_lambda_works_a_job_beside_another_job_s_bad_backend_setting(
+    sqlite_url: str,
+) -> None:
+    """The check of every job's named-backend settings belongs to `retry` and `worker`
+    (before they take a message): in the Lambda's batch it failed every job's messages,
+    over and over until the queue dead-lettered them, for one job's bad setting."""
+    from support.lambda_context import FakeContext, as_sqs_event
+
+    from batchrun import aws_lambda
+
+    env = migrate_task_jobs(sqlite_url)
+    with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
+        client.submit("steps", 1, key="t1")
+    [(body,)] = query(sqlite_url, "SELECT body FROM batchrun_queue")
+    query(sqlite_url, "DELETE FROM batchrun_queue")  # the event carries it instead
+    event = as_sqs_event([{"MessageId": "m1", "ReceiptHandle": "r1", "Body": body}])
+    bad = {**env, "BATCHRUN_BACKEND_SLOT_URL": "ftp://x"}  # slotted's backend, not steps'
+    result = aws_lambda.handle(event, FakeContext(60), environ=bad)
+    assert result == {"batchItemFailures": []}, result
+    assert [r[1] for r in effects(sqlite_url)] == ["t1"]
+
+
 def _runs_outcome(env: dict[str, str]) -> str:
     rows = json.loads(run_cli("runs", "--json", "--limit", "1", env=env).stdout)
     return str(rows[0]["outcome"])
