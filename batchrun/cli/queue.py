@@ -135,7 +135,7 @@ def worker(
                             idle_exit_s=idle_exit,
                         )
                         code = 1 if result.error is not None or result.unknown_job else 0
-                        if stop.reason == CANCELLED:  # `batchrun cancel` of a job it worked
+                        if code == 0 and stop.reason == CANCELLED:  # a job it worked
                             code = 130
                         await record.end(code, result.to_json(), stopped=stop.reason)
                 finally:
@@ -148,6 +148,8 @@ def worker(
         else:
             table("worker", result.to_json(), always=ASKED)
         _say_lost(result.lost_claims)
+        if _say_unknown(result):
+            return 1  # a bug, or messages no process here can do: before the cancel
         if stop.reason == CANCELLED:
             stderr.print(
                 "stopped (cancelled): the cancelled job's messages stay on the queue for the "
@@ -155,7 +157,7 @@ def worker(
                 highlight=False,
             )
             return 130
-        return _say_unknown(result)
+        return 0
 
     run_command(ctx, go)
 

@@ -22,6 +22,7 @@ refresh.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import unicodedata
 from collections.abc import Callable, Iterable
@@ -109,6 +110,37 @@ def _matches(row: Control, job: str, period: str | None) -> bool:
     return row.job == job and (row.period == EVERY_PERIOD or row.period == period)
 
 
+class Working:
+    """The jobs (and periods) a queue consumer works now, for ``Steering.steer``: each
+    from when a message of it came (``saw``) until ``linger_s`` after the batch that held
+    its last one ended (``batch_ended``), a heartbeat or more to read a cancel given
+    meanwhile. A cancel given before or after that stops nothing: it is another run's."""
+
+    def __init__(self, linger_s: float) -> None:
+        self.linger_s = linger_s
+        self._first: dict[Scope, float] = {}  # when this streak of its messages began
+        self._ended: dict[Scope, float] = {}  # when its last batch ended (inf: in one now)
+
+    def saw(self, scope: Scope) -> None:
+        """A message of ``scope`` is being worked (monotonic time)."""
+        now = time.monotonic()
+        if self._ended.get(scope, -math.inf) + self.linger_s < now:
+            self._first[scope] = now  # a new streak: a cancel before it was another's
+        self._ended[scope] = math.inf
+
+    def batch_ended(self) -> None:
+        now = time.monotonic()
+        for scope, ended in list(self._ended.items()):
+            if ended == math.inf:
+                self._ended[scope] = now
+            elif ended + self.linger_s < now:  # over: forgotten
+                del self._ended[scope], self._first[scope]
+
+    def live(self, now: float) -> dict[Scope, float]:
+        """The scopes worked now or lately, each with when its streak began."""
+        return {s: self._first[s] for s, e in self._ended.items() if e + self.linger_s >= now}
+
+
 class Steering:
     """A process's view of the control rows, refreshed at its heartbeat, and the work
     it steers: the stop tokens of what runs now, each with the time it started (this
@@ -116,7 +148,9 @@ class Steering:
 
     def __init__(self) -> None:
         self._rows: list[Control] = []
-        self._steered: dict[int, tuple[StopToken, str | None, str | None, float, set[Scope]]] = {}
+        self._steered: dict[
+            int, tuple[StopToken, str | None, str | None, float, set[Scope] | Working]
+        ] = {}
         self._was_paused: set[tuple[str, str]] = set()
         self.on_change: Callable[[], None] | None = None  # a pause began or ended
 
@@ -142,11 +176,12 @@ class Steering:
         *,
         job: str | None = None,
         period: str | None = None,
-        scopes: set[Scope] | None = None,
+        scopes: set[Scope] | Working | None = None,
     ) -> Callable[[], None]:
         """Stop ``stop`` (reason 'cancelled') when a cancel given from now on names its
-        job (``job`` and ``period``, or any of the live set ``scopes``); return a function
-        that ends this."""
+        job (``job`` and ``period``, or any of the live set ``scopes``; of a consumer's
+        ``Working``, one given while it works that job); return a function that ends
+        this."""
         key = id(stop)
         started = time.monotonic()
         self._steered[key] = (stop, job, period, started, scopes if scopes is not None else set())
@@ -165,12 +200,20 @@ class Steering:
             clock, monotonic = await db.clock_ms(), time.monotonic()
             for stop, job, period, started, scopes in list(self._steered.values()):
                 since = clock - int((monotonic - started) * 1000)
-                named = [(job, period)] if job is not None else []
-                named += [(s.job, s.period) for s in scopes]
+                # (job, period, the server's time from which a cancel of it counts)
+                named = [(job, period, since)] if job is not None else []
+                if isinstance(scopes, Working):
+                    named += [
+                        (s.job, s.period, clock - int((monotonic - first) * 1000))
+                        for s, first in scopes.live(monotonic).items()
+                    ]
+                else:
+                    named += [(s.job, s.period, since) for s in scopes]
                 for row in cancels:
-                    if stop.stopping or (row.cancelled_at or 0) < since:
-                        continue
-                    if any(j is not None and _matches(row, j, p) for j, p in named):
+                    if stop.stopping:
+                        break
+                    given = row.cancelled_at or 0
+                    if any(_matches(row, j, p) and given >= t for j, p, t in named):
                         log.warning("cancelled: %s %s", row.job, row.period or "(every period)")
                         stop.request(CANCELLED)
         now_paused = {(r.job, r.period) for r in self._rows if r.paused}

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from batchrun.control.steering import Working
 from batchrun.db.store import FINAL_STATES, Claim, Scope
 from batchrun.errors import LockTimeoutError
 from batchrun.job import Job
@@ -75,8 +76,9 @@ class Consumer:
         self._limiter: AdaptiveRate | None = None
         self._limiter_made = False
         self._lost_tasks: LostTaskSweep | None = None  # made with the first task message
-        # The jobs (and periods) whose messages it read: a drain's cancel names one of them.
-        self.named: set[Scope] = set()
+        # The jobs (and periods) whose messages it works: a cancel of one stops a drain's
+        # or a worker's loop (``queue_loops``).
+        self.working = Working(linger_s=w.settings.lease_s)
 
     async def limiter(self, options: Options) -> AdaptiveRate | None:
         """One pacer for the consumer's life (``--rate``)."""
@@ -106,8 +108,11 @@ class Consumer:
         mail backend was found unreachable (the breaker opened), and how many claims on the
         entities retry messages name were taken over by another run meanwhile (a
         continuation's or shard's own are in its summary)."""
-        async with self.w.effects.backends.session(options.rate):
-            found, broken, lost_claims, parsed = await self._process(items, options)
+        try:
+            async with self.w.effects.backends.session(options.rate):
+                found, broken, lost_claims, parsed = await self._process(items, options)
+        finally:
+            self.working.batch_ended()
         for message_id, verdict in found.items():
             if verdict.busy:
                 found[message_id] = give_back(verdict, *parsed[message_id])
@@ -180,7 +185,7 @@ class Consumer:
             found[item.message_id] = Disposition("poison", f"poison: {exc}")
             return None
         period = None if message.kind == "entity_task" else message.period
-        self.named.add(Scope(message.job, "", period or ""))
+        self.working.saw(Scope(message.job, "", period or ""))
         if self.w.steering.paused(message.job, period) is not None:
             # `batchrun pause`: no new work on the job; the message waits on the queue,
             # kept, whatever its kind: no attempt, and no receive an SQS redrive policy

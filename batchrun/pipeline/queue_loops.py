@@ -68,7 +68,7 @@ class QueueLoop:
         given while it goes, stops it as Ctrl-C would (read before each batch, and at the
         batch's heartbeats), the rest left on the queue."""
         backends = self.backends.snapshot()
-        done = self.steering.steer(self.stop, scopes=self.consumer.named)
+        done = self.steering.steer(self.stop, scopes=self.consumer.working)
         try:
             await self._drain(options, result, max_messages, visibility_s)
         finally:
@@ -117,7 +117,7 @@ class QueueLoop:
         cancel` of a job whose messages it worked, given while it serves, stops it as
         SIGTERM would (the run record's heartbeat reads it)."""
         backends = self.backends.snapshot()
-        done = self.steering.steer(self.stop, scopes=self.consumer.named)
+        done = self.steering.steer(self.stop, scopes=self.consumer.working)
         try:
             await self._serve(options, result, prefetch, visibility_s, idle_exit_s)
         finally:

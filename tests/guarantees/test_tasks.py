@@ -276,7 +276,7 @@ def test_a_cancel_stops_a_worker_working_the_task_job(sqlite_url: str) -> None:
     env = {**migrate_task_jobs(sqlite_url), "BATCHRUN_LEASE_S": "1.5"}
     with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
         for n in range(6):
-            client.submit("steps", 1, data={"seq": n, "sleep": 1.0}, key=f"c{n}")
+            client.submit("steps", 1, data={"seq": n, "sleep": 2.0}, key=f"c{n}")
     worker = start_workers({**env}, 1, "--prefetch", "10", "--concurrency", "1", "--json")[0]
     _wait_for_effects(sqlite_url, 1)
     cancel = run_cli("cancel", "steps", env=env)
@@ -292,17 +292,38 @@ def test_a_cancel_stops_a_worker_working_the_task_job(sqlite_url: str) -> None:
     assert _started_keys(sqlite_url) == [f"c{n}" for n in range(6)]
 
 
+def test_a_cancel_given_before_a_worker_works_the_job_stops_nothing_later(
+    sqlite_url: str,
+) -> None:
+    """A cancel stops the work going on when it is given, not later work: a worker that
+    took the job's first message after the cancel worked it, then exited 130 as cancelled."""
+    env = {**migrate_task_jobs(sqlite_url), "BATCHRUN_LEASE_S": "1.5"}
+    worker = start_workers(env, 1, "--idle-exit", "6", "--json")[0]  # the last one holds
+    deadline = time.monotonic() + 30
+    while _runs_outcome(env, default="") != "running":
+        assert time.monotonic() < deadline and worker.poll() is None, "the worker never started"
+        time.sleep(0.2)
+    assert "(1 run going on)" in run_cli("cancel", "steps", env=env).stderr
+    time.sleep(1.0)  # the worker's heartbeat reads the cancel: nothing of steps going on
+    with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
+        client.submit("steps", 1, key="later")
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    assert "stopped" not in json.loads(out), out
+    assert [r[1] for r in effects(sqlite_url)] == ["later"]
+
+
 def test_a_pause_holds_a_batch_of_tasks_that_take_no_turn(sqlite_url: str) -> None:
     """A task job with ``serial = "none"`` holds no turn, and its batch's claims named no
     job a pause could hold: every task a worker had taken (its --prefetch) started."""
     env = {**migrate_task_jobs(sqlite_url), "BATCHRUN_LEASE_S": "1.5"}
     with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
         for n in range(6):
-            client.submit("loose", n + 1, data={"sleep": 1.0}, key=f"l{n}")
+            client.submit("loose", n + 1, data={"sleep": 2.0}, key=f"l{n}")
     worker = start_workers({**env}, 1, "--prefetch", "10", "--concurrency", "1")[0]
     _wait_for_effects(sqlite_url, 1)
     assert run_cli("pause", "loose", env=env).returncode == 0
-    time.sleep(4.0)  # a heartbeat, the task in flight, and three more had it not held
+    time.sleep(7.0)  # a heartbeat, the task in flight, and three more had it not held
     held = len(effects(sqlite_url))
     assert held <= 3, f"{held} of 6 ran while paused"
     assert run_cli("resume", "loose", env=env).returncode == 0
@@ -366,8 +387,10 @@ def test_the_lambda_works_a_job_beside_another_job_s_bad_backend_setting(
     assert [r[1] for r in effects(sqlite_url)] == ["t1"]
 
 
-def _runs_outcome(env: dict[str, str]) -> str:
+def _runs_outcome(env: dict[str, str], default: str | None = None) -> str:
     rows = json.loads(run_cli("runs", "--json", "--limit", "1", env=env).stdout)
+    if not rows and default is not None:
+        return default
     return str(rows[0]["outcome"])
 
 
