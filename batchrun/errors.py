@@ -144,6 +144,11 @@ class TemplateError(ConfigError):
     """
 
 
+class MissingTemplateError(TemplateError):
+    """The template a send names is in no templates folder (a typo in ``template=``): the
+    run stops at its first use, as it does for one missing from the job's own folder."""
+
+
 class JobError(BatchrunError):
     """A job broke its contract at run time (a page out of order, a row without an id)."""
 

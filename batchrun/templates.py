@@ -25,7 +25,7 @@ import jinja2
 import jinja2.meta
 import jinja2.nodes
 
-from batchrun.errors import JobError, TemplateError
+from batchrun.errors import JobError, MissingTemplateError, TemplateError
 from batchrun.template_shapes import Shapes, shapes_of
 
 if TYPE_CHECKING:
@@ -235,7 +235,7 @@ class Templates:
         if isinstance(exc, jinja2.TemplateNotFound):
             folders = ", ".join(str(folder) for folder in self.search)
             missing = exc.name if exc.name == path else f"{exc.name} (needed by {path})"
-            raise TemplateError(f"no email template {missing} in {folders}") from None
+            raise MissingTemplateError(f"no email template {missing} in {folders}") from None
         where = path
         if isinstance(exc, jinja2.TemplateSyntaxError):
             where = f"{exc.name or path}:{exc.lineno}"

@@ -17,7 +17,13 @@ import asyncio
 import sys
 from types import TracebackType
 
-from batchrun.errors import BatchrunError, ConfigError, StatementError, TemplateError
+from batchrun.errors import (
+    BatchrunError,
+    ConfigError,
+    MissingTemplateError,
+    StatementError,
+    TemplateError,
+)
 from batchrun.job import Skip, Verdict
 from batchrun.urls import mask_url
 
@@ -105,7 +111,10 @@ class BugStreak:
             self.count += 1
         else:
             self._signature, self.count = found, 1
-        if self.tripped is None and self.count >= self.threshold:
+        # A template no folder has (a typo in template=): no entity can pass, so the first
+        # one stops the run, as a template missing from the job's folder stops it before.
+        at_once = isinstance(exc, MissingTemplateError)
+        if self.tripped is None and (self.count >= self.threshold or at_once):
             text = mask_url(str(exc)).splitlines()[0][:200] if str(exc) else ""
             if isinstance(exc, TemplateError):
                 what = f"has a bug: {found[0]}: {text}"

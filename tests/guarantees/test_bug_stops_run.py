@@ -42,6 +42,8 @@ class Note(batchrun.Job):
             row["no_such_column"]
         if ctx.env.get("NOTE_BUG") == "no-url":
             await ctx.http("crm").post("/notes", json={"id": row["id"]})
+        if ctx.env.get("NOTE_BUG") == "typo-template":
+            await ctx.send_email(to="someone@example.com", template="nte", name="x")
         if ctx.env.get("NOTE_BUG") == "no-await":
             ctx.send_email(to="someone@example.com", template="note", name=row["first_name"])
             return
@@ -118,6 +120,18 @@ def test_a_backend_whose_url_is_not_set_stops_after_ten(db_url: str, tmp_path: P
     line = one_error(result.stderr)
     assert "cannot run as it is set up" in line and "set BATCHRUN_BACKEND_CRM_URL" in line
     assert touched(db_url) == 10 and queued(db_url) == 10
+
+
+def test_a_template_name_no_folder_has_stops_at_its_first_use(db_url: str, tmp_path: Path) -> None:
+    """A typo in ``template=`` is known only at the send, and was counted as any bug: ten
+    entities failed (their effects before the send done) before the run stopped."""
+    env = setup(db_url, tmp_path, "Hello {{ name }}\n")
+    env["NOTE_BUG"] = "typo-template"
+    result = run_cli("run", "note", "--period", "2025-06", "--concurrency", "1", env=env)
+    assert result.returncode == 1, result.stderr
+    line = one_error(result.stderr)
+    assert "no email template nte/subject.txt" in line and "(1 entities in a row)" in line
+    assert touched(db_url) == 1 and queued(db_url) == 1 and sent(tmp_path) == 0
 
 
 def test_a_send_email_without_await_is_a_bug_not_a_success(db_url: str, tmp_path: Path) -> None:
