@@ -34,8 +34,8 @@ def page_verdict(
         return f"unknown: {job}'s page runs no query through ctx.db"
     found: list[str] = []
     slow: list[str] = []
-    for _, plan in plans:
-        reads, problems = _reads(dialect, plan)
+    for sql, plan in plans:
+        reads, problems = _reads(dialect, plan, by_id_only=_filters_on_id_only(sql))
         found += reads
         slow += problems
     if slow:
@@ -52,8 +52,31 @@ def page_verdict(
     )
 
 
-def _reads(dialect: str, plan: Sequence[dict[str, Any]]) -> tuple[list[str], list[str]]:
-    """(tables read through an index, problems) of one plan."""
+_WHERE = re.compile(r"\bWHERE\b(.*?)(?:\bORDER\s+BY\b|\bGROUP\s+BY\b|\bLIMIT\b|$)", re.I | re.S)
+_ORDER = re.compile(r"\bORDER\s+BY\s+(?:\w+\.)?(\w+)", re.I)
+_RANGE = r"(?:\b\w+\.)?\b{column}\s*(?:>=|<=|>|<)\s*(?:\?|%s|\$\d+|:\w+)"
+
+
+def _filters_on_id_only(sql: str) -> bool:
+    """Whether the query's only filter is its id range (``id > :after``, or the column it
+    is ordered by, ``customer_id > :after``): read by id, each page examines the rows it
+    returns, and no index could do better."""
+    where = _WHERE.search(sql)
+    if where is None:
+        return False
+    order = _ORDER.search(sql)
+    columns = {"id"} | ({order[1].lower()} if order else set())
+    rest = where[1]
+    for column in columns:
+        rest = re.sub(_RANGE.format(column=re.escape(column)), "", rest, flags=re.I)
+    return re.sub(r"\bAND\b|[()\s]", "", rest, flags=re.I) == ""
+
+
+def _reads(
+    dialect: str, plan: Sequence[dict[str, Any]], *, by_id_only: bool = False
+) -> tuple[list[str], list[str]]:
+    """(tables read through an index, problems) of one plan; ``by_id_only``: the query
+    filters on its id range alone, so a read by the primary key is the right one."""
     reads: list[str] = []
     slow: list[str] = []
     if dialect == "sqlite":
@@ -68,6 +91,8 @@ def _reads(dialect: str, plan: Sequence[dict[str, Any]]) -> tuple[list[str], lis
                 reads.append(f"{step['table']} through {step['index']}")
             elif step["op"] == "SCAN":
                 slow.append(f"scans all of {step['table']}")
+            elif by_id_only:
+                reads.append(f"{step['table']} by id (its only filter)")
             else:
                 slow.append(f"reads {step['table']} by id alone (no index on its filter)")
     elif dialect == "postgresql":
@@ -89,6 +114,8 @@ def _reads(dialect: str, plan: Sequence[dict[str, Any]]) -> tuple[list[str], lis
                 slow.append(f"sorts the rows of {table}")
             if row.get("type") == "ALL" or not key:
                 slow.append(f"scans all of {table} (about {row.get('rows')} rows)")
+            elif key == "PRIMARY" and by_id_only:
+                reads.append(f"{table} by id (its only filter)")
             elif key == "PRIMARY":
                 slow.append(f"reads {table} by id alone (no index on its filter)")
             else:

@@ -733,3 +733,28 @@ def test_task_data_is_measured_as_utf8_json() -> None:
     with pytest.raises(BadTask, match=r"over 200 KB \(240008 bytes\)"):
         checked(1, {"t": "\U0001f600" * 60_000}, "k")  # 4 bytes each in UTF-8
     checked(1, {"t": "\ud800" * 10}, "k")  # a lone surrogate still goes
+
+
+def test_a_page_filtered_by_its_id_range_alone_reads_by_id_and_is_not_slow() -> None:
+    """`db explain` called every page read by the primary key slow, the scaffold's own
+    (`WHERE id > :after`) too: with no other filter, no index could do better."""
+    from batchrun.cli.explain import page_verdict
+
+    pk = [{"detail": "SEARCH customers USING INTEGER PRIMARY KEY (rowid>?)"}]
+    alone = (
+        "SELECT customer_id AS id FROM customers WHERE customer_id > ? ORDER BY customer_id LIMIT ?"
+    )
+    line = page_verdict("digest", "sqlite", [(alone, pk)], 500)
+    assert line.startswith("ok: digest's page query reads customers by id (its only filter)")
+    filtered = "SELECT id FROM customers WHERE plan = 'trial' AND id > ? ORDER BY id LIMIT ?"
+    assert page_verdict("t", "sqlite", [(filtered, pk)], 500).startswith("slow: ")
+    mysql = [{"table": "account", "key": "PRIMARY", "type": "range", "Extra": "Using where"}]
+    assert page_verdict(
+        "t", "mysql", [("SELECT id FROM account WHERE id > %s ORDER BY id LIMIT %s", mysql)], 500
+    ).startswith("ok: ")
+    assert page_verdict(
+        "t",
+        "mysql",
+        [("SELECT id FROM account WHERE active = 1 AND id > %s ORDER BY id LIMIT %s", mysql)],
+        500,
+    ).startswith("slow: ")
