@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import sysconfig
+from pathlib import Path
 from types import TracebackType
 
 from batchrun.errors import (
@@ -43,11 +45,30 @@ def signature(exc: BaseException) -> Signature | None:
 
 
 def _origin(tb: TracebackType | None) -> str:
+    """Where the error was raised in the job's own code: the innermost frame outside
+    batchrun, the standard library and installed packages (``json.loads`` failing says the
+    job's line that called it, not decoder.py's), else the innermost frame."""
     if tb is None:
         return "?"
-    while tb.tb_next is not None:
+    innermost = ours = None
+    while tb is not None:
+        innermost = tb
+        if not tb.tb_frame.f_code.co_filename.startswith(_NOT_THE_JOBS):
+            ours = tb
         tb = tb.tb_next
-    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+    found = ours or innermost
+    assert found is not None
+    return f"{found.tb_frame.f_code.co_filename}:{found.tb_lineno}"
+
+
+def _library_folders() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    folders = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    folders.add(str(Path(__file__).resolve().parent.parent))  # batchrun itself
+    return tuple(sorted(f.rstrip("/") + "/" for f in folders))
+
+
+_NOT_THE_JOBS = _library_folders()
 
 
 class BugStreak:

@@ -24,6 +24,8 @@ from batchrun.queue.local import LocalQueue
 from batchrun.runtime import Options, Runtime
 
 JOB = """
+import json
+
 import batchrun
 
 class Note(batchrun.Job):
@@ -40,6 +42,8 @@ class Note(batchrun.Job):
     async def process(self, ctx, row):
         if ctx.env.get("NOTE_BUG") == "keyerror":
             row["no_such_column"]
+        if ctx.env.get("NOTE_BUG") == "json":
+            json.loads("not json")
         if ctx.env.get("NOTE_BUG") == "no-url":
             await ctx.http("crm").post("/notes", json={"id": row["id"]})
         if ctx.env.get("NOTE_BUG") == "typo-template":
@@ -108,6 +112,17 @@ def test_a_keyerror_in_process_stops_after_ten(db_url: str, tmp_path: Path) -> N
     [run] = json.loads(run_cli("runs", "note", "--json", env=env).stdout)
     assert (run["outcome"], run["exit_code"]) == ("failed", 1)
     assert run["error"] == data["error"]  # the history row says why, as the summary does
+
+
+def test_a_bug_raised_inside_a_library_names_the_job_s_line(db_url: str, tmp_path: Path) -> None:
+    """The stop line named where the error was raised: decoder.py for a json.loads the
+    job called, not the job's line that called it."""
+    env = setup(db_url, tmp_path, "Hello {{ name }}\n")
+    env["NOTE_BUG"] = "json"
+    result = run_cli("run", "note", "--period", "2025-06", env=env)
+    assert result.returncode == 1, result.stderr
+    line = one_error(result.stderr)
+    assert "JSONDecodeError" in line and "at note.py:" in line and "decoder" not in line, line
 
 
 def test_a_backend_whose_url_is_not_set_stops_after_ten(db_url: str, tmp_path: Path) -> None:
