@@ -27,7 +27,7 @@ except ImportError:  # pragma: no cover
 
 from batchrun import __version__
 from batchrun.cli.conventions import reader_gone, stderr, stdout_gone
-from batchrun.errors import BatchrunError, ConfigError
+from batchrun.errors import BatchrunError, ConfigError, UsageError
 from batchrun.job import Job
 from batchrun.period import Period, Unit, current, parse
 from batchrun.pipeline.engine import StopToken
@@ -287,6 +287,16 @@ def period_option(unit: Unit, value: str | None, hint: str) -> Period:
         return parse(unit, value)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint=hint) from None
+
+
+def not_a_task(job: Job, command: str) -> None:
+    """Exit 2 when ``command`` (a period's run or preview) is given a task job: it would
+    find no entity in its empty page and say so as if that were the answer."""
+    if is_task(job):
+        raise UsageError(
+            f"{job.name} is a task job: `{command}` does not run it; submit its tasks "
+            f"(`batchrun submit {job.name} --id ID`) and run `batchrun worker` or `batchrun retry`"
+        )
 
 
 def no_task_period(job: Job, value: str | None, hint: str = "--period") -> None:

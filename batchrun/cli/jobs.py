@@ -12,7 +12,15 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from batchrun.cli.app import Invocation, app, error_text, period_option, rate_option, run_command
+from batchrun.cli.app import (
+    Invocation,
+    app,
+    error_text,
+    not_a_task,
+    period_option,
+    rate_option,
+    run_command,
+)
 from batchrun.cli.conventions import examples, print_table, stderr
 from batchrun.cli.output import ASKED, Bar, MonthTally, progress_bar, table
 from batchrun.control.runrecord import RunRecord
@@ -187,6 +195,7 @@ def _run_job(
     async def go() -> int:
         began = time.monotonic()
         entry = context.registry.entry(name)
+        not_a_task(entry.job, "run")
         which = period_of(context, name, period)
         if fan_out is not None and dry_run:
             # Fanning out queues shards that workers then run for real.

@@ -412,6 +412,13 @@ def test_a_task_jobs_period_cannot_be_steered_or_read(sqlite_url: str) -> None:
         assert refused.returncode == 2, (args, refused.stderr)
         assert "steps is a task job, which has no periods: leave out --" in refused.stderr
     assert run_cli("why", "steps", "1", env=env).returncode == 0
+    # Nor run as a period's job: it said "eligible 0", exit 0, as if that were the answer.
+    for args in (("run", "steps"), ("preview", "steps", "--id", "7")):
+        refused = run_cli(*args, env=env)
+        assert refused.returncode == 2, (args, refused.stderr)
+        assert (
+            "steps is a task job: `" in refused.stderr and "batchrun submit steps" in refused.stderr
+        )
     assert query(sqlite_url, "SELECT COUNT(*) FROM batchrun_control")[0][0] == 0
     # A period's pause written before this was refused can still be cleared.
     query(
