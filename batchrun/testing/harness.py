@@ -232,7 +232,10 @@ class AsyncHarness:
 
     async def retry(self, *, max_messages: int = 10_000, concurrency: int = 4) -> RetrySummary:
         """``batchrun retry``: one drain of the retry queue (``.processed``, ``.succeeded``,
-        ``.failed``, ``.dead_lettered``, ``.remaining``)."""
+        ``.failed``, ``.dead_lettered``, ``.remaining``). The kit retries without backoff,
+        so a failure is back on the queue at once and the same drain takes it again: one
+        call works each entity until it succeeds or is dead-lettered, and counts every
+        attempt (``processed`` 5 for one entity failing 5 times)."""
         options = Options(concurrency=concurrency)
         return await self._runtime().retry(options, max_messages=max_messages)
 
