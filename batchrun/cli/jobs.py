@@ -172,10 +172,14 @@ def run(
     _run_job(ctx, job, period, options, dry_run, as_json, fan_out, shard_size)
 
 
-def period_of(context: Invocation, name: str, period: Period | str | None) -> Period:
+def period_of(
+    context: Invocation, name: str, period: Period | str | None, command: str = "run"
+) -> Period:
+    """The period ``command`` (a run, a preview) works on: exit 2 for a task job."""
+    job = context.registry.get_job(name)
+    not_a_task(job, command)
     if isinstance(period, Period):
         return period
-    job = context.registry.get_job(name)
     return period_option(job.period, period, "--period")
 
 
@@ -195,7 +199,6 @@ def _run_job(
     async def go() -> int:
         began = time.monotonic()
         entry = context.registry.entry(name)
-        not_a_task(entry.job, "run")
         which = period_of(context, name, period)
         if fan_out is not None and dry_run:
             # Fanning out queues shards that workers then run for real.

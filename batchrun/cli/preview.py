@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from batchrun.cli.app import Invocation, app, not_a_task, run_command
+from batchrun.cli.app import Invocation, app, run_command
 from batchrun.cli.conventions import examples, output_file, say, stderr
 from batchrun.cli.jobs import period_of
 from batchrun.db.store import MAX_ID
@@ -53,8 +53,7 @@ def preview(
     settings = context.settings
 
     async def go() -> int:
-        not_a_task(context.registry.entry(job).job, "preview")
-        which = period_of(context, job, period)
+        which = period_of(context, job, period, "preview")
         if html is not None:
             output_file("--html", html)
         entry = context.registry.entry(job)
