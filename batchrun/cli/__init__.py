@@ -14,7 +14,7 @@ ui.py      ui (the dashboard, batchrun[ui])
 suppress.py  suppress add / remove / list, unsubscribe
 db.py      db migrate, db seed, db explain
 new.py     new (a job, its templates and its test)
-output.py  the progress bar and the run summary
+output.py  the progress bar, the run summary and the lines under it
 conventions.py  what every command shares: metavars, Examples:, plain tables when piped
 """
 

@@ -22,7 +22,15 @@ from batchrun.cli.app import (
     run_command,
 )
 from batchrun.cli.conventions import examples, print_table, stderr
-from batchrun.cli.output import ASKED, Bar, MonthTally, progress_bar, table
+from batchrun.cli.output import (
+    ASKED,
+    Bar,
+    MonthTally,
+    progress_bar,
+    say_unrecorded,
+    say_why_failed,
+    table,
+)
 from batchrun.control.runrecord import RunRecord
 from batchrun.errors import UsageError
 from batchrun.period import Period
@@ -245,7 +253,7 @@ def _run_job(
                             await record.end(code, summary.to_json(), stopped=summary.stopped)
         except Exception as exc:
             if started:
-                _say_unrecorded(started[0])
+                say_unrecorded(started[0])
             if as_json:  # what the run reached, and why it ended (the line follows)
                 if started:
                     reached = started[0]
@@ -276,7 +284,7 @@ def _run_job(
             if month is not None and cut_short and not dry_run and month.left(bar.worked):
                 stderr.print(month.say(bar.worked), highlight=False, soft_wrap=True)
             if not unstarted and summary.error is None:  # an error's line says why
-                _say_why_failed(summary, f"batchrun status {name} --period {which}")
+                say_why_failed(summary, f"batchrun status {name} --period {which}")
             if summary.exit_code == 3 and not unstarted:
                 stderr.print("some entities wait in the retry queue: run `batchrun retry` later")
         if unstarted:
@@ -287,7 +295,7 @@ def _run_job(
                 highlight=False,
                 soft_wrap=True,
             )
-        _say_unrecorded(summary)
+        say_unrecorded(summary)
         if summary.error is not None:
             stderr.print(f"[red]error:[/] {escape(summary.error)}", highlight=False, soft_wrap=True)
             return 1
@@ -387,26 +395,3 @@ def jobs(ctx: typer.Context, as_json: Json = False) -> None:
         return 0
 
     run_command(ctx, go)
-
-
-def _say_unrecorded(summary: Summary) -> None:
-    if summary.unrecorded:
-        stderr.print(
-            f"{summary.unrecorded} entities were worked but the run ended before their "
-            "outcome was recorded: a rerun works again any the ledger does not have",
-            highlight=False,
-        )
-
-
-def _say_why_failed(summary: Summary, status: str) -> None:
-    """The commonest reasons entities failed in the run, a line each, under its table."""
-    common = summary.common_failures()
-    for reason, count in common:
-        stderr.print(f"{count} failed: {escape(reason)}", highlight=False, soft_wrap=True)
-    others = len(summary.failure_reasons) - len(common)
-    if others:
-        stderr.print(
-            f"... and {others} other reason{'s' if others > 1 else ''}: `{status}` lists them",
-            highlight=False,
-            soft_wrap=True,
-        )

@@ -1,4 +1,5 @@
-"""What the commands print: a progress bar on stderr (when it is a terminal) and tables."""
+"""What the commands print: a progress bar on stderr (when it is a terminal), tables, and
+the lines under a run's summary."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -22,6 +24,7 @@ from rich.text import Text
 
 from batchrun.cli.conventions import print_pairs, stderr
 from batchrun.pipeline import engine
+from batchrun.pipeline.reports import Summary
 
 STATE_NAMES = {0: "pending", 1: "sent", 2: "skipped", 3: "retrying", 4: "failed"}
 _HIDDEN = ("job", "month", "period", "dry_run")
@@ -156,3 +159,27 @@ def table(title: str, data: dict[str, Any], always: Collection[str] | None = Non
             for key, value in figures.items()
         )
     print_pairs(title, pairs)
+
+
+def say_unrecorded(summary: Summary) -> None:
+    """The line telling entities worked whose outcome the run did not see written."""
+    if summary.unrecorded:
+        stderr.print(
+            f"{summary.unrecorded} entities were worked but the run ended before their "
+            "outcome was recorded: a rerun works again any the ledger does not have",
+            highlight=False,
+        )
+
+
+def say_why_failed(summary: Summary, status: str) -> None:
+    """The commonest reasons entities failed in the run, a line each, under its table."""
+    common = summary.common_failures()
+    for reason, count in common:
+        stderr.print(f"{count} failed: {escape(reason)}", highlight=False, soft_wrap=True)
+    others = len(summary.failure_reasons) - len(common)
+    if others:
+        stderr.print(
+            f"... and {others} other reason{'s' if others > 1 else ''}: `{status}` lists them",
+            highlight=False,
+            soft_wrap=True,
+        )
