@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -276,7 +277,7 @@ def test_a_cancel_stops_a_worker_working_the_task_job(sqlite_url: str) -> None:
     env = {**migrate_task_jobs(sqlite_url), "BATCHRUN_LEASE_S": "1.5"}
     with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
         for n in range(6):
-            client.submit("steps", 1, data={"seq": n, "sleep": 2.0}, key=f"c{n}")
+            client.submit("steps", 1, data={"seq": n, "sleep": 3.0}, key=f"c{n}")
     worker = start_workers({**env}, 1, "--prefetch", "10", "--concurrency", "1", "--json")[0]
     _wait_for_effects(sqlite_url, 1)
     cancel = run_cli("cancel", "steps", env=env)
@@ -298,7 +299,7 @@ def test_a_cancel_given_before_a_worker_works_the_job_stops_nothing_later(
     """A cancel stops the work going on when it is given, not later work: a worker that
     took the job's first message after the cancel worked it, then exited 130 as cancelled."""
     env = {**migrate_task_jobs(sqlite_url), "BATCHRUN_LEASE_S": "1.5"}
-    worker = start_workers(env, 1, "--idle-exit", "6", "--json")[0]  # the last one holds
+    worker = start_workers(env, 1, "--idle-exit", "120", "--json")[0]  # the last one holds
     deadline = time.monotonic() + 30
     while _runs_outcome(env, default="") != "running":
         assert time.monotonic() < deadline and worker.poll() is None, "the worker never started"
@@ -307,9 +308,13 @@ def test_a_cancel_given_before_a_worker_works_the_job_stops_nothing_later(
     time.sleep(1.0)  # the worker's heartbeat reads the cancel: nothing of steps going on
     with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
         client.submit("steps", 1, key="later")
+    _wait_for_effects(sqlite_url, 1)
+    time.sleep(1.0)  # heartbeats after the task: a cancel that counted would stop it now
+    assert worker.poll() is None, "the worker stopped"
+    worker.send_signal(signal.SIGTERM)
     out, err = worker.communicate(timeout=60)
     assert worker.returncode == 0, err
-    assert "stopped" not in json.loads(out), out
+    assert json.loads(out)["stopped"] == "received SIGTERM", out
     assert [r[1] for r in effects(sqlite_url)] == ["later"]
 
 
@@ -319,11 +324,11 @@ def test_a_pause_holds_a_batch_of_tasks_that_take_no_turn(sqlite_url: str) -> No
     env = {**migrate_task_jobs(sqlite_url), "BATCHRUN_LEASE_S": "1.5"}
     with batchrun.connect(db=sqlite_url, jobs=JOBS, env={}) as client:
         for n in range(6):
-            client.submit("loose", n + 1, data={"sleep": 2.0}, key=f"l{n}")
+            client.submit("loose", n + 1, data={"sleep": 3.0}, key=f"l{n}")
     worker = start_workers({**env}, 1, "--prefetch", "10", "--concurrency", "1")[0]
     _wait_for_effects(sqlite_url, 1)
     assert run_cli("pause", "loose", env=env).returncode == 0
-    time.sleep(7.0)  # a heartbeat, the task in flight, and three more had it not held
+    time.sleep(10.0)  # a heartbeat, the task in flight, and three more had it not held
     held = len(effects(sqlite_url))
     assert held <= 3, f"{held} of 6 ran while paused"
     assert run_cli("resume", "loose", env=env).returncode == 0
