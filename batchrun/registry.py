@@ -327,11 +327,11 @@ def _check(cls: type[Job], where: str) -> None:
             raise fail(f"{method}() is not an async def")
     for note in _counters_notes(cls.counters):
         log.warning("%s: %s", where, note)
-    for name, meant in _misspelled(cls):
+    for name, meant in misspelled(cls):
         log.warning("%s: %r is nothing batchrun reads: did you mean %r?", where, name, meant)
 
 
-def _misspelled(cls: type[Job]) -> Iterator[tuple[str, str]]:
+def misspelled(cls: type[Job]) -> Iterator[tuple[str, str]]:
     """The class's own settings that look like a misspelled one of batchrun's (``peroid``),
     which is then left at its default (a monthly job, say): each with the setting it is
     close to. Settings only (the class variables batchrun's bases declare), against the

@@ -25,7 +25,7 @@ from batchrun.job import Context, Job, returned_note
 from batchrun.period import Period, containing, current, parse
 from batchrun.queue.base import WorkQueue
 from batchrun.queue.base import from_url as queue_from_url
-from batchrun.registry import check_job
+from batchrun.registry import check_job, misspelled
 from batchrun.runtime import Options, RetrySummary, Runtime, Summary
 from batchrun.settings import Settings
 from batchrun.testing.database import Schema, TemporaryDatabase, run_schema
@@ -71,6 +71,12 @@ class AsyncHarness:
     ) -> None:
         cls = job if isinstance(job, type) else type(job)
         check_job(cls)  # the contract, as --jobs checks it: one clear line if broken
+        for name, meant in misspelled(cls):  # the CLI logs it; a test shows a warning
+            warnings.warn(
+                f"{cls.__name__}.{name} is nothing batchrun reads: did you mean {meant!r}?",
+                UserWarning,
+                stacklevel=2,
+            )
         self.job: Job = job() if isinstance(job, type) else job
         self.mailbox = Mailbox()
         self._db_url = db

@@ -155,6 +155,19 @@ def test_a_job_that_sends_no_email_says_so_and_its_dry_run_agrees() -> None:
             assert real.counters == {"notes": 5}
 
 
+def test_a_misspelled_setting_is_a_warning_a_test_shows() -> None:
+    """The CLI logs ``peroid = "day"`` with a hint; the kit only logged it, which pytest
+    hides, and the test then failed on the period it got instead."""
+
+    class Typo(Newsletter):
+        peroid = "day"
+
+    with pytest.warns(
+        UserWarning, match="Typo.peroid is nothing batchrun reads: did you mean 'period'"
+    ):
+        Harness(Typo, schema=SCHEMA)
+
+
 def test_a_temporary_failure_is_retried_and_then_succeeds(harness: Harness) -> None:
     harness.mailbox.fail("temporary", to="bob@example.com", times=1)
     summary = harness.run("2025-06")
