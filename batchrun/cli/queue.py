@@ -190,9 +190,7 @@ def retry(
     """Drain the retry queue once: redo each failed entity, delete what succeeds.
 
     What fails again comes back later (exponential backoff); after the last attempt it is
-    dead-lettered and listed by `batchrun status` and `batchrun dead list`. Exit 3 when
-    some entities failed and the queue still holds messages (their next attempts); 0 when
-    every failure was dead-lettered or the queue was left empty. Counts are
+    dead-lettered and listed by `batchrun status` and `batchrun dead list`. Counts are
     entities, not messages. A task whose entity the job's page does not return is dropped
     (not_eligible), the ledger left as it was. Messages for a job this process does not
     know stay on the queue (unknown_job) and the drain exits 1 naming it: give the job's

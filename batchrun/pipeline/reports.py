@@ -193,15 +193,10 @@ class RetrySummary(_Report):
     @property
     def exit_code(self) -> int:
         """1 when it stopped on a bug, or messages wait for a job this process does not
-        know (give its --jobs); 3 when some entities failed and may wait in the queue for
-        another attempt; else 0: failures all dead-lettered, or the queue left empty (an
-        entity that failed twice, then was dead-lettered, waits for nothing), as a run
-        exits 0 with permanent failures only."""
+        know (give its --jobs); 3 when some entities failed; else 0."""
         if self.unknown_job or self.error is not None:
             return 1
-        # dead_lettered also counts poison messages, which are no entity's failure
-        retried = self.failed - (self.dead_lettered - self.poison)
-        return 3 if retried > 0 and self.remaining != 0 else 0
+        return 3 if self.failed else 0
 
     def to_json(self) -> dict[str, Any]:
         data = super().to_json()

@@ -151,26 +151,6 @@ def test_each_disposition_is_counted_once_in_entities() -> None:
     assert (result.not_eligible, result.busy, result.unknown_outcome) == (1, 1, 1)
 
 
-def test_a_drain_exits_3_only_when_a_failure_may_wait_for_another_attempt() -> None:
-    """A drain whose failures were all dead-lettered exited 3, "some users failed
-    temporarily and wait in the retry queue", when nothing waited: a run exits 0 then."""
-    dead = Disposition("dead", "550", outcome=State.FAILED)
-    later = Disposition("later", "451", outcome=State.RETRYING)
-    poison = Disposition("poison", "poison: not json")
-
-    def drained(verdicts: list[Disposition], remaining: int) -> int:
-        result = RetrySummary(remaining=remaining)
-        for verdict in verdicts:
-            drain.count(result, verdict)
-        return result.exit_code
-
-    assert drained([dead, poison], remaining=0) == 0
-    assert drained([dead], remaining=4) == 0, "other messages left: none is its retry"
-    assert drained([later, dead], remaining=1) == 3
-    # tried twice, then dead-lettered on its third receive: the queue is empty
-    assert drained([later, later, dead], remaining=0) == 0
-
-
 class RequeueStore:
     def __init__(self, rows: list[tuple[Scope, int, int, str | None]]) -> None:
         self.rows = rows
