@@ -185,7 +185,6 @@ class Consumer:
             found[item.message_id] = Disposition("poison", f"poison: {exc}")
             return None
         period = None if message.kind == "entity_task" else message.period
-        self.working.saw(Scope(message.job, "", period or ""))
         if self.w.steering.paused(message.job, period) is not None:
             # `batchrun pause`: no new work on the job; the message waits on the queue,
             # kept, whatever its kind: no attempt, and no receive an SQS redrive policy
@@ -200,6 +199,7 @@ class Consumer:
                 awaited=False,
             )
             return None
+        self.working.saw(Scope(message.job, "", period or ""))  # what a cancel may name
         return message
 
     async def _range(self, item: Received, message: QueueMessage, options: Options) -> Disposition:
