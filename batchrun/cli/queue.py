@@ -148,16 +148,14 @@ def worker(
         else:
             table("worker", result.to_json(), always=ASKED)
         _say_lost(result.lost_claims)
-        if _say_unknown(result):
-            return 1  # a bug, or messages no process here can do: before the cancel
-        if stop.reason == CANCELLED:
+        _say_unknown(result)  # a bug, or messages no process here can do: exit 1 wins
+        if code == 130:
             stderr.print(
                 "stopped (cancelled): the cancelled job's messages stay on the queue for the "
                 "next worker",
                 highlight=False,
             )
-            return 130
-        return 0
+        return code
 
     run_command(ctx, go)
 

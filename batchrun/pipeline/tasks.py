@@ -83,13 +83,9 @@ class TaskRoad:
                 )
             else:
                 by_job.setdefault(job.name, []).append((received, message))
-        if len(by_job) == 1:
-            [(name, mine)] = by_job.items()
-            found.update(await self._job(self._task(name), mine, options))
-            return found
-        # Several jobs' tasks: side by side, the batch's concurrency shared out (one job's
-        # slow tasks held up another's, whose entities are others).
-        share = max(1, -(-options.concurrency // len(by_job)))
+        # Each job's tasks side by side, the batch's concurrency shared out (one job's slow
+        # tasks held up another's, whose entities are others).
+        share = max(1, -(-options.concurrency // max(1, len(by_job))))
         each = dataclasses.replace(options, concurrency=share)
         done = await asyncio.gather(
             *(self._job(self._task(name), mine, each) for name, mine in by_job.items()),
