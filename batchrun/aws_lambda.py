@@ -25,11 +25,12 @@ Before the deadline (``BATCHRUN_DEADLINE_MARGIN_MS``, default 10% of the time le
 start, at least 500 ms) a run stops taking users, finishes those in flight and hands the
 rest of the month on as a continuation message on ``BATCHRUN_RETRY_QUEUE``.
 
-Event loop: each invocation runs in its own ``asyncio.run``. Lambda freezes the process
-between invocations and may thaw it much later; a pool, client or lock created on an
-earlier invocation's loop would be bound to a closed loop and to sockets the far end has
-long dropped. So nothing loop-bound lives at module level: every connection is opened and
-closed inside the invocation, and only plain data (settings) could be cached across them.
+Event loop: each invocation runs in a loop of its own (``runtime/event_loop.py``: uvloop's
+when it is installed, else asyncio's). Lambda freezes the process between invocations
+and may thaw it much later; a pool, client or lock created on an earlier invocation's loop
+would be bound to a closed loop and to sockets the far end has long dropped. So nothing
+loop-bound lives at module level: every connection is opened and closed inside the
+invocation, and only plain data (settings) could be cached across them.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ from batchrun.registry import (
     discover,
     parse_specs,
 )
-from batchrun.runtime import Options, Runtime, Summary
+from batchrun.runtime import Options, Runtime, Summary, event_loop
 from batchrun.runtime.resources import open_backends
 from batchrun.settings import Settings
 from batchrun.urls import mask_text
@@ -101,7 +102,9 @@ def handle(
         settings = Settings.from_env(environ)
         kind = _kind(event)
         if kind == "http":  # answers every request itself, errors included
-            result, metrics = asyncio.run(handle_http(event, settings, request_id))
+            result, metrics = event_loop.run(
+                handle_http(event, settings, request_id), settings.event_loop
+            )
             duration = time.monotonic() - started
             # Neither the page (it may name the address) nor the token goes to the log.
             log_line("done", request_id, kind, duration_s=duration, http=result["statusCode"])
@@ -109,9 +112,13 @@ def handle(
             return result
         if settings.db_secret_arn:
             # Resolved before anything connects, so every error below is masked with it.
-            url = asyncio.run(database_url(settings.db_secret_arn, settings.extra))
+            url = event_loop.run(
+                database_url(settings.db_secret_arn, settings.extra), settings.event_loop
+            )
             settings = replace(settings, db_url=url)
-        result, metrics = asyncio.run(_handle(event, context, settings, kind))
+        result, metrics = event_loop.run(
+            _handle(event, context, settings, kind), settings.event_loop
+        )
     except BatchrunError as exc:
         if settings.db_secret_arn:
             forget(settings.db_secret_arn)  # a rotated password is fetched afresh next time

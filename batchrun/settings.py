@@ -60,6 +60,15 @@ def parse_rate(text: str, what: str = "--rate") -> float | Literal["auto"]:
     return value
 
 
+def _event_loop(env: Mapping[str, str]) -> str:
+    choice = (env.get("BATCHRUN_EVENT_LOOP") or "auto").strip().lower()
+    if choice not in ("auto", "asyncio", "uvloop"):
+        raise ConfigError(
+            f"BATCHRUN_EVENT_LOOP must be auto, asyncio or uvloop, got {choice[:40]!r}"
+        )
+    return choice
+
+
 def _int(
     env: Mapping[str, str],
     key: str,
@@ -213,6 +222,8 @@ class Settings:
     # DKIM for SMTP relays that do not sign (never on SES): the PEM key file and selector.
     dkim_key_file: str | None = None
     dkim_selector: str | None = None
+    # BATCHRUN_EVENT_LOOP: auto (uvloop when installed), asyncio or uvloop (event_loop.py)
+    event_loop: str = "auto"
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)  # jobs read it: ctx.env
 
     @classmethod
@@ -256,6 +267,7 @@ class Settings:
             unsubscribe_secret=unsubscribe_secret,
             dkim_key_file=dkim_key_file,
             dkim_selector=dkim_selector,
+            event_loop=_event_loop(env),
             environ=dict(env),
         )
 

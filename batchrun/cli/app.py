@@ -8,7 +8,6 @@ unless -v. Exit codes: 0 done, 3 some entities queued for retry, 1 fatal, 2 usag
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 import traceback
@@ -32,7 +31,7 @@ from batchrun.job import Job
 from batchrun.period import Period, Unit, current, parse
 from batchrun.pipeline.engine import StopToken
 from batchrun.registry import Registry, builtin_modules, discover, parse_specs
-from batchrun.runtime import Runtime
+from batchrun.runtime import Runtime, event_loop
 from batchrun.runtime.resources import Backends
 from batchrun.settings import Settings, parse_rate
 from batchrun.task import is_task
@@ -332,7 +331,7 @@ def run_command(ctx: typer.Context, make: Callable[[], Coroutine[Any, Any, int]]
     error batchrun did not expect), the traceback only with -v."""
     context: Invocation = ctx.obj
     try:
-        code = asyncio.run(make())
+        code = event_loop.run(make(), context.settings.event_loop)
         sys.stdout.flush()  # here, so a reader gone before the last line is seen below
     except KeyboardInterrupt:
         stderr.print(Text("aborted", style="red"))
