@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 
 CHROMIUM = "/usr/bin/chromium"
@@ -46,10 +47,17 @@ def start(width: int = 1280, height: int = 800) -> webdriver.Chrome:
 
 
 def wait_for(check: Callable[[], T | None], *, timeout: float = 20.0, what: str = "") -> T:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds."""
+    """Poll ``check`` until it returns something truthy; fail after ``timeout`` seconds.
+
+    An element found on a page the browser was just replacing (a button's form posted,
+    the page loading anew) is stale when read: that poll counts as not yet.
+    """
     deadline = time.monotonic() + timeout
     while True:
-        got = check()
+        try:
+            got = check()
+        except StaleElementReferenceException:
+            got = None
         if got:
             return got
         if time.monotonic() > deadline:
