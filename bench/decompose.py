@@ -9,7 +9,11 @@ rusage, start-up included:
   built before the clock (its bytes, the SMTP transaction, the pool): what sending costs;
 - ``batchrun discard``: ``batchrun birthday --mail discard://``: the database, the
   pipeline, the template and the message's fields, without SMTP;
-- ``batchrun smtp``: the birthday run against the sink: everything.
+- ``batchrun smtp``: the birthday run against the sink: everything, on asyncio's loop;
+- ``batchrun uvloop``: the same on uvloop (``BATCHRUN_EVENT_LOOP=uvloop``, the default
+  where the ``uvloop`` extra is installed).
+
+Every batchrun contender but the last runs with ``BATCHRUN_EVENT_LOOP=asyncio``.
 
 ``python -m bench.decompose --users 300000 --rounds 2`` (a database ``batchrun_decompose``
 on the MariaDB of ``--mysql``, migrated and seeded first unless ``--reuse``; dropped at
@@ -116,7 +120,7 @@ def main() -> None:
     try:
         for number in range(1, args.rounds + 1):
             eligible = 0
-            for name in ("batchrun discard", "batchrun smtp", "lean", "mailer"):
+            for name in ("batchrun discard", "batchrun smtp", "batchrun uvloop", "lean", "mailer"):
                 if name.startswith("batchrun"):
                     mysql(
                         args.mysql,
@@ -132,7 +136,8 @@ def main() -> None:
                 else:
                     cmd = [PYTHON, "-m", "bench.decompose", "--mailer-only", str(sink.port)]
                     cmd += [str(eligible), str(args.concurrency)]
-                done, user, system = child(cmd, env)
+                loop = "uvloop" if name == "batchrun uvloop" else "asyncio"
+                done, user, system = child(cmd, {**env, "BATCHRUN_EVENT_LOOP": loop})
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 if name.startswith("batchrun"):
                     eligible = int(result["eligible"])

@@ -2,13 +2,16 @@
 
 ``python -m bench.loop uvloop batchrun ARGS...`` or ``python -m bench.loop uvloop
 bench.ceiling ARGS...``: installs uvloop's loop policy, then runs the target as if it had
-been started directly, so both contenders of a run use the same loop. batchrun itself
-ships on asyncio's loop (bench/README.md, "Event loop", has the measurements).
+been started directly, so both contenders of a run use the same loop. batchrun chooses
+its own loop (``BATCHRUN_EVENT_LOOP``, default uvloop when installed): it is set to the
+loop named here, so ``asyncio`` measures batchrun on asyncio's loop even where uvloop is
+installed (bench/README.md, "Event loop", has the measurements).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import runpy
 import sys
 
@@ -18,6 +21,7 @@ def main() -> None:
     if len(sys.argv) < 3 or sys.argv[1] not in ("asyncio", "uvloop"):
         sys.exit("usage: python -m bench.loop asyncio|uvloop batchrun|MODULE [ARGS...]")
     loop, target, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    os.environ["BATCHRUN_EVENT_LOOP"] = loop
     if loop == "uvloop":
         try:
             import uvloop

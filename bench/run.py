@@ -580,10 +580,11 @@ class Bench:
         return self._finish(result, done, sent, float(summary.get("duration_s", 0.0)))
 
     def launcher(self, target: str) -> list[str]:
-        """The command that starts ``target`` (batchrun or a module) on the chosen loop."""
-        if self.args.loop == "uvloop":
-            return [sys.executable, "-m", "bench.loop", "uvloop", target]
-        return [BATCHRUN] if target == "batchrun" else [sys.executable, "-m", target]
+        """The command that starts ``target`` (batchrun or a module) on the chosen loop;
+        batchrun always through bench.loop, which sets its BATCHRUN_EVENT_LOOP."""
+        if self.args.loop == "uvloop" or target == "batchrun":
+            return [sys.executable, "-m", "bench.loop", self.args.loop, target]
+        return [sys.executable, "-m", target]
 
     def ceiling(
         self, size: int, messages: int, shape: str = "birthday", *, lean: bool = False
@@ -693,7 +694,8 @@ class Bench:
         self.reset(database)
         raw = out / f"batchrun-{size}-{label}.txt"
         cmd = [spy, "record", "--rate", "200", "--format", "raw", "-o", str(raw), "--"]
-        cmd += [BATCHRUN, "--db", self.server.db_url(database), "--mail", mail, "birthday"]
+        cmd += [*self.launcher("batchrun"), "--db", self.server.db_url(database), "--mail", mail]
+        cmd += ["birthday"]
         cmd += ["--month", MONTH, "--concurrency", str(self.args.concurrency), "--json"]
         run_child(cmd)
         from bench.profile import load, report
