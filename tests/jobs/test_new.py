@@ -112,3 +112,24 @@ def test_the_new_job_runs_on_the_demo_database(db_url: str, tmp_path: Path) -> N
     assert "From: promo@localhost" in first and "Subject: Your monthly update for 2025-06" in first
     rerun = run_cli("run", "promo", "--period", "2025-06", "--json", env=env)
     assert json.loads(rerun.stdout)["eligible"] == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "table"),
+    [("win_back", "customer"), ("a" * 32, "t" * 64)],  # the longest names allowed
+)
+def test_the_files_pass_ruff_with_its_default_rules_and_format(
+    tmp_path: Path, name: str, table: str
+) -> None:
+    """A team's linter and formatter, at their defaults, find nothing to say."""
+    Scaffold(name, table=table).write(tmp_path)
+    ruff = str(Path(sys.executable).with_name("ruff"))  # the dev extra's
+    for check in (["check"], ["format", "--check"]):
+        done = subprocess.run(
+            [ruff, *check, "--isolated", "--no-cache", "."],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
