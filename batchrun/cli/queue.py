@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import Annotated
 
@@ -196,7 +197,9 @@ def retry(
     is busy waits up to BATCHRUN_BUSY_WAIT_S, then goes back with a growing delay (counted
     busy, no attempt). At its end it sends again, and works, the submitted tasks whose
     message was lost (never started BATCHRUN_TASK_RESEND_S after their submission;
-    counted requeued). On an error, one `error:` line (and with --json the summary, its
+    counted requeued). Messages it leaves on the queue are counted remaining, with one
+    line saying when the next is due (not yet: a retry's backoff; some due now: past
+    --max). On an error, one `error:` line (and with --json the summary, its
     counts at 0 but remaining, the messages still queued (null when the queue was not
     opened or cannot tell), with an "error" key), exit 1.
     """
@@ -229,6 +232,9 @@ def retry(
                             options, max_messages=max_messages, result=reached
                         )
                         code = 130 if stop.stopping else result.exit_code
+                        due = None
+                        if result.remaining and not stop.stopping:
+                            due = await _next_due(backends.queue)
                         await record.end(code, result.to_json(), stopped=stop.reason)
                 except Exception:
                     remaining = await _depth(backends.queue)
@@ -254,9 +260,38 @@ def retry(
             )
         else:
             _say_unknown(result)
+            _say_not_due(result.remaining, due)
         return code
 
     run_command(ctx, go)
+
+
+async def _next_due(queue: WorkQueue | None) -> float | None:
+    """Seconds until the queue's next waiting message is due; None when it cannot tell."""
+    if queue is None:
+        return None
+    try:
+        return await queue.next_due_s()
+    except Exception:
+        return None
+
+
+def _say_not_due(remaining: int, due: float | None) -> None:
+    """The line for the messages a drain left on the queue: not due yet (a retry's
+    backoff, or another consumer holding them), or not reached (--max-messages)."""
+    if not remaining:
+        return
+    if due is None:
+        state = ", not due yet (the queue does not say when they are)"
+    elif due > 0:
+        state = f", not due yet: the next in {max(1, math.ceil(due))} s"
+    else:
+        state = ", some due now"
+    stderr.print(
+        f"{remaining} message{'s' if remaining != 1 else ''} left on the queue{state}; "
+        "a later `batchrun retry`, or a `batchrun worker` left running, works them",
+        highlight=False,
+    )
 
 
 async def _depth(queue: WorkQueue | None) -> int | None:

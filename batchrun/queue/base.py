@@ -246,6 +246,12 @@ class WorkQueue(Protocol):
         """(messages waiting or in flight, dead-letter depth or None if there is no DLQ)."""
         ...
 
+    async def next_due_s(self) -> float | None:
+        """Seconds until the next message not visible now becomes visible (its retry's
+        backoff ends, or another consumer's hold on it); None when none waits, or the
+        queue cannot tell (SQS)."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -156,6 +156,12 @@ class LocalQueue:
         row = await self.db.fetchone("queue_depths") or (0, 0)
         return int(row[0]), int(row[1])
 
+    async def next_due_s(self) -> float | None:
+        row = await self.db.fetchone("queue_next_visible")
+        if row is None or row[0] is None:
+            return None
+        return max(0.0, (int(row[0]) - await self.clock.now_ms()) / 1000)
+
     async def close(self) -> None:
         """The database is closed by its owner."""
 

@@ -368,6 +368,10 @@ class SqsQueue(SqsDeadLetters):
             )
         return depth, int(response.get("Attributes", {}).get("ApproximateNumberOfMessages", 0))
 
+    async def next_due_s(self) -> float | None:
+        """SQS tells how many messages are delayed or in flight, not when they return."""
+        return None
+
     # -- errors ----------------------------------------------------------------------------
 
     def _mapped(

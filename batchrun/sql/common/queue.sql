@@ -31,6 +31,10 @@ SELECT
   COALESCE(SUM(CASE WHEN dead = 1 THEN 1 ELSE 0 END), 0)
 FROM batchrun_queue;
 
+-- name: queue_next_visible
+-- When (ms, the server's clock) the next live message becomes visible; NULL when none.
+SELECT MIN(visible_at) FROM batchrun_queue WHERE dead = 0;
+
 -- name: queue_dead_letters
 SELECT id, body, receive_count, dead_reason FROM batchrun_queue
 WHERE dead = 1 ORDER BY id LIMIT :limit;
