@@ -21,6 +21,7 @@ from typing import Any, Self
 from batchrun.db import Store, connect
 from batchrun.db.base import Database
 from batchrun.db.store import Reason, Scope, State
+from batchrun.errors import UsageError
 from batchrun.job import Context, Job, returned_note
 from batchrun.period import Period, containing, current, parse
 from batchrun.queue.base import WorkQueue
@@ -28,6 +29,8 @@ from batchrun.queue.base import from_url as queue_from_url
 from batchrun.registry import check_job, misspelled
 from batchrun.runtime import Options, RetrySummary, Runtime, Summary
 from batchrun.settings import Settings
+from batchrun.task import Task
+from batchrun.tasks.submit import Submitted, submit
 from batchrun.testing.database import Schema, TemporaryDatabase, run_schema
 from batchrun.testing.ledger import STATE_NAMES, LedgerEntry
 from batchrun.testing.mailbox import Email, Mailbox
@@ -244,6 +247,29 @@ class AsyncHarness:
         attempt (``processed`` 5 for one entity failing 5 times)."""
         options = Options(concurrency=concurrency)
         return await self._runtime().retry(options, max_messages=max_messages)
+
+    async def submit(
+        self, entity_id: int, data: dict[str, Any] | None = None, key: str | None = None
+    ) -> Submitted:
+        """For a task job (``batchrun.Task``): ``batchrun submit JOB ID``, what an
+        application's ``client.submit`` does: the task recorded and queued (``.key``;
+        ``.queued`` False for a key submitted before). ``retry()`` then works it, as a
+        ``batchrun worker`` would, each entity's tasks in the order submitted."""
+        if not isinstance(self.job, Task):
+            raise UsageError(
+                f"{self.job.name} is not a task job: run() works its entities per period"
+            )
+        self._opened()
+        assert self._database is not None and self._queue is not None
+        return await submit(
+            self._database,
+            self._queue,
+            self.job,
+            entity_id,
+            data,
+            key,
+            resend_after_s=self.settings.task_resend_s,
+        )
 
     async def preview(self, entity_id: int, period: PeriodLike = None) -> Email:
         """``batchrun preview JOB --id N``: the email ``process`` would send the entity,

@@ -17,6 +17,7 @@ from batchrun.db.store import Reason
 from batchrun.job import Job
 from batchrun.period import Period
 from batchrun.runtime import RetrySummary, Summary
+from batchrun.tasks.submit import Submitted
 from batchrun.testing.database import Schema
 from batchrun.testing.harness import AsyncHarness, PeriodLike
 from batchrun.testing.ledger import LedgerEntry
@@ -146,6 +147,13 @@ class Harness:
     def retry(self, *, max_messages: int = 10_000, concurrency: int = 4) -> RetrySummary:
         """``batchrun retry``: one drain of the retry queue, its summary."""
         return self._call(self._async.retry(max_messages=max_messages, concurrency=concurrency))
+
+    def submit(
+        self, entity_id: int, data: dict[str, Any] | None = None, key: str | None = None
+    ) -> Submitted:
+        """For a task job: ``batchrun submit JOB ID``, one task recorded and queued
+        (``.key``, ``.queued``); ``retry()`` works it."""
+        return self._call(self._async.submit(entity_id, data, key))
 
     def preview(self, entity_id: int, period: PeriodLike = None) -> Email:
         """``batchrun preview JOB --id N``: the email the entity would get."""

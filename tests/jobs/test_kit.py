@@ -495,3 +495,54 @@ def test_the_birthday_job_on_the_kit() -> None:
         assert h.ledger(1, "2025-06") == LedgerEntry("succeeded", 1, None)
         assert h.run("2025-06").eligible == 0
         assert h.run("2026-06").cards_created == 1  # a card a year
+
+
+# -- a task job: submit, then retry works the tasks ---------------------------------------
+
+
+class _Steps(batchrun.Task):
+    """Records each task it works, in the order worked; a task for entity 9 fails."""
+
+    name = "steps"
+
+    async def process(self, ctx: batchrun.Context, task: Any) -> None:
+        if task.entity_id == 9:
+            raise batchrun.Fail("entity 9 is refused")
+        await ctx.db.execute(
+            "INSERT INTO step (task_key, entity_id, kind) VALUES (:key, :entity, :kind)",
+            key=task.key,
+            entity=task.entity_id,
+            kind=task.data["kind"],
+        )
+
+
+_STEPS = "CREATE TABLE step (task_key TEXT PRIMARY KEY, entity_id INTEGER, kind TEXT)"
+
+
+def test_the_kit_submits_a_task_jobs_tasks_and_retry_works_them_in_order() -> None:
+    with Harness(_Steps, schema=_STEPS) as h:
+        for kind in ("scan", "thumbnail", "publish"):
+            assert h.submit(7, {"kind": kind}, key=f"u1-{kind}").queued
+        assert not h.submit(7, {"kind": "scan"}, key="u1-scan").queued  # submitted before
+        refused = h.submit(9, {"kind": "scan"})
+        assert refused.queued and refused.key  # a key of its own when none is given
+
+        worked = h.retry()
+        assert (worked.succeeded, worked.failed, worked.dead_lettered) == (3, 1, 1)
+        rows = h.fetch("SELECT task_key, kind FROM step WHERE entity_id = 7 ORDER BY rowid")
+        assert [row["kind"] for row in rows] == ["scan", "thumbnail", "publish"]
+        assert h.retry().processed == 0  # each task once
+
+
+def test_the_kit_refuses_to_submit_to_a_job_of_periods() -> None:
+    class Periodic(batchrun.Job):
+        name = "periodic"
+
+        async def page(self, ctx: batchrun.Context, after: int, limit: int) -> list[Any]:
+            return []
+
+        async def process(self, ctx: batchrun.Context, row: Any) -> None:
+            return None
+
+    with Harness(Periodic) as h, pytest.raises(UsageError, match="not a task job"):
+        h.submit(1)
