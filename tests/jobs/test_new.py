@@ -114,22 +114,21 @@ def test_the_new_job_runs_on_the_demo_database(db_url: str, tmp_path: Path) -> N
     assert json.loads(rerun.stdout)["eligible"] == 0
 
 
-@pytest.mark.parametrize(
-    ("name", "table"),
-    [("win_back", "customer"), ("a" * 32, "t" * 64)],  # the longest names allowed
-)
-def test_the_files_pass_ruff_with_its_default_rules_and_format(
-    tmp_path: Path, name: str, table: str
-) -> None:
-    """A team's linter and formatter, at their defaults, find nothing to say."""
-    Scaffold(name, table=table).write(tmp_path)
+def test_the_files_pass_ruff_with_its_default_rules_and_format(tmp_path: Path) -> None:
+    """A team's linter and formatter, at their defaults, find nothing to say: for every
+    length of job and table name allowed (a line's length decides how it is wrapped)."""
     ruff = str(Path(sys.executable).with_name("ruff"))  # the dev extra's
-    for check in (["check"], ["format", "--check"]):
-        done = subprocess.run(
-            [ruff, *check, "--isolated", "--no-cache", "."],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
+    cases = [("j" * n, "customer") for n in range(1, 33)]
+    cases += [("win_back", "t" * n) for n in range(1, 65)]
+    for name, table in cases:
+        folder = tmp_path / f"{name}-{len(table)}"
+        Scaffold(name, table=table).write(folder)
+        for check in (["check"], ["format", "--check"]):
+            done = subprocess.run(
+                [ruff, *check, "--isolated", "--no-cache", "."],
+                cwd=folder,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 0, (name, table, done.stdout + done.stderr)
