@@ -233,7 +233,7 @@ def retry(
                         )
                         code = 130 if stop.stopping else result.exit_code
                         due = None
-                        if result.remaining and not stop.stopping:
+                        if _left_waiting(result) and not stop.stopping:
                             due = await _next_due(backends.queue)
                         await record.end(code, result.to_json(), stopped=stop.reason)
                 except Exception:
@@ -260,10 +260,18 @@ def retry(
             )
         else:
             _say_unknown(result)
-            _say_not_due(result.remaining, due)
+            if _left_waiting(result):
+                _say_not_due(result.remaining, due)
         return code
 
     run_command(ctx, go)
+
+
+def _left_waiting(result: RetrySummary) -> bool:
+    """Whether the messages the drain left on the queue only wait to be due: not those of
+    a drain a bug stopped, or with messages of unknown or paused jobs among them (their
+    own lines say what they wait for)."""
+    return bool(result.remaining) and not (result.error or result.unknown_job or result.paused)
 
 
 async def _next_due(queue: WorkQueue | None) -> float | None:
@@ -282,7 +290,7 @@ def _say_not_due(remaining: int, due: float | None) -> None:
     if not remaining:
         return
     if due is None:
-        state = ", not due yet (the queue does not say when they are)"
+        state = " (the queue does not say when they are due)"
     elif due > 0:
         state = f", not due yet: the next in {max(1, math.ceil(due))} s"
     else:

@@ -59,3 +59,18 @@ def _queued(stdout: str) -> int:
     found = re.search(r"queued for retry\s+(\d+)", stdout)
     assert found, stdout
     return int(found.group(1))
+
+
+def test_messages_of_a_job_the_drain_does_not_know_get_their_own_line_only(
+    env: dict[str, str], smtp_server: SmtpTestServer
+) -> None:
+    run_cli("db", "migrate", env=env, check=True)
+    run_cli("db", "seed", "--users", "200", env=env, check=True)
+    smtp_server.set_policy(lambda rcpt, attempt: "451 4.3.0 Try again later")
+    run_cli("birthday", "--month", "2025-06", env={**env, "BATCHRUN_MAIL": smtp_server.url})
+
+    unknown = run_cli("retry", env={**env, "BATCHRUN_BUILTIN_JOBS": ""})
+    assert unknown.returncode == 1
+    assert "which this process does not know" in unknown.stderr
+    assert "left on the queue, not due" not in unknown.stderr
+    assert "some due now" not in unknown.stderr
