@@ -26,11 +26,12 @@ start, at least 500 ms) a run stops taking users, finishes those in flight and h
 rest of the month on as a continuation message on ``BATCHRUN_RETRY_QUEUE``.
 
 Event loop: each invocation runs in a loop of its own (``runtime/event_loop.py``: uvloop's
-when it is installed, else asyncio's). Lambda freezes the process between invocations
-and may thaw it much later; a pool, client or lock created on an earlier invocation's loop
-would be bound to a closed loop and to sockets the far end has long dropped. So nothing
-loop-bound lives at module level: every connection is opened and closed inside the
-invocation, and only plain data (settings) could be cached across them.
+when it is installed, else asyncio's; the zip of deploy/build_lambda.py has no uvloop).
+Lambda freezes the process between invocations and may thaw it much later; a pool, client
+or lock created on an earlier invocation's loop would be bound to a closed loop and to
+sockets the far end has long dropped. So nothing loop-bound lives at module level: every
+connection is opened and closed inside the invocation, and only plain data (settings)
+could be cached across them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
@@ -13,6 +12,7 @@ import typer
 from batchrun.cli.app import Invocation, app
 from batchrun.cli.conventions import examples, stderr
 from batchrun.errors import BatchrunError
+from batchrun.runtime import event_loop
 from batchrun.runtime.resources import open_backends
 from batchrun.runtime.runtime import Runtime
 from batchrun.urls import mask_text
@@ -84,13 +84,16 @@ def ui(
             pass
 
     try:  # a database that cannot be used is one line, before the server starts
-        asyncio.run(check())
+        event_loop.run(check(), settings.event_loop)
     except BatchrunError as exc:
         text = mask_text(str(exc), settings.db_url, settings.mail_url, settings.retry_queue_url)
         stderr.print(f"[red]error:[/] {text}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     web = create_app(open_runtime, token=token, read_only=read_only)
-    config = uvicorn.Config(web, host=host, port=port, log_level="warning", lifespan="on")
+    # BATCHRUN_EVENT_LOOP: uvicorn's own names for the same three choices.
+    config = uvicorn.Config(
+        web, host=host, port=port, log_level="warning", lifespan="on", loop=settings.event_loop
+    )
     server = uvicorn.Server(config)
     refused = _cannot_listen(host, port)
     if refused is not None:

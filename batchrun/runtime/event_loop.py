@@ -1,11 +1,13 @@
 """The event loop a command runs on: uvloop when it is installed, else asyncio's own.
 
 uvloop (``pip install 'batchrun[uvloop]'``) does the loop's own work (sockets, timers,
-callbacks) in C: the birthday run spends 4-7% less CPU per entity on it, measured
+callbacks) in C: the birthday run spends 3-11% less CPU per entity on it, measured
 against Postfix's smtp-sink (bench/README.md, "Event loop"). ``BATCHRUN_EVENT_LOOP``
 chooses: ``auto`` (the default: uvloop if it can be imported), ``asyncio``, ``uvloop``
 (an error when it is not installed). Every command and the Lambda handler run their
-coroutine through ``run``; a job author's tests (``batchrun.testing``) stay on asyncio.
+coroutine through ``run`` (``batchrun ui`` hands the choice to uvicorn); a job author's
+tests (``batchrun.testing``) stay on asyncio's loop. The Lambda zip that
+``deploy/build_lambda.py`` builds does not carry uvloop: the handler runs on asyncio's.
 """
 
 from __future__ import annotations
