@@ -54,6 +54,7 @@ def child_env(db_url: str) -> dict[str, str]:
             "BATCHRUN_JOBS": JOBS,
             "BATCHRUN_MAIL": "discard://",
             "BATCHRUN_LOG_LEVEL": "WARNING",
+            "BATCHRUN_EVENT_LOOP": "asyncio",  # as the results measured before uvloop
         }
     )
     return env
