@@ -60,9 +60,13 @@ def parse_rate(text: str, what: str = "--rate") -> float | Literal["auto"]:
     return value
 
 
-def _event_loop(env: Mapping[str, str]) -> str:
-    choice = (env.get("BATCHRUN_EVENT_LOOP") or "auto").strip().lower()
-    if choice not in ("auto", "asyncio", "uvloop"):
+EVENT_LOOPS = ("auto", "asyncio", "uvloop")  # BATCHRUN_EVENT_LOOP (runtime/event_loop.py)
+
+
+def event_loop_choice(text: str) -> str:
+    """``text`` as a BATCHRUN_EVENT_LOOP choice, or ConfigError with the one line."""
+    choice = text.strip().lower()
+    if choice not in EVENT_LOOPS:
         raise ConfigError(
             f"BATCHRUN_EVENT_LOOP must be auto, asyncio or uvloop, got {choice[:40]!r}"
         )
@@ -267,7 +271,7 @@ class Settings:
             unsubscribe_secret=unsubscribe_secret,
             dkim_key_file=dkim_key_file,
             dkim_selector=dkim_selector,
-            event_loop=_event_loop(env),
+            event_loop=event_loop_choice(env.get("BATCHRUN_EVENT_LOOP") or "auto"),
             environ=dict(env),
         )
 

@@ -232,9 +232,8 @@ def retry(
                             options, max_messages=max_messages, result=reached
                         )
                         code = 130 if stop.stopping else result.exit_code
-                        due = None
-                        if _left_waiting(result) and not stop.stopping:
-                            due = await _next_due(backends.queue)
+                        waiting = _left_waiting(result) and not stop.stopping
+                        due = await _next_due(backends.queue) if waiting else None
                         await record.end(code, result.to_json(), stopped=stop.reason)
                 except Exception:
                     remaining = await _depth(backends.queue)
@@ -260,7 +259,7 @@ def retry(
             )
         else:
             _say_unknown(result)
-            if _left_waiting(result):
+            if waiting:
                 _say_not_due(result.remaining, due)
         return code
 
@@ -286,9 +285,7 @@ async def _next_due(queue: WorkQueue | None) -> float | None:
 
 def _say_not_due(remaining: int, due: float | None) -> None:
     """The line for the messages a drain left on the queue: not due yet (a retry's
-    backoff, or another consumer holding them), or not reached (--max-messages)."""
-    if not remaining:
-        return
+    backoff, or another consumer holding them), or not reached (--max)."""
     if due is None:
         state = " (the queue does not say when they are due)"
     elif due > 0:

@@ -18,8 +18,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from batchrun.errors import ConfigError
+from batchrun.settings import event_loop_choice
 
-CHOICES = ("auto", "asyncio", "uvloop")
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
@@ -29,12 +29,9 @@ def loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     """The factory of the loop ``choice`` names; None for asyncio's own.
 
     Raises:
-        ConfigError: ``uvloop`` chosen but not installed, or a choice not in ``CHOICES``.
+        ConfigError: ``uvloop`` chosen but not installed, or no choice at all.
     """
-    if choice not in CHOICES:
-        raise ConfigError(
-            f"BATCHRUN_EVENT_LOOP must be one of {', '.join(CHOICES)}, got {choice!r}"
-        )
+    choice = event_loop_choice(choice)
     if choice == "asyncio":
         return None
     try:
